@@ -1,0 +1,318 @@
+"""PivotRL: GRPO post-training of an LLM policy whose reward comes from a generative reward model.
+
+Each step: the policy samples G responses for each of P prompts (vLLM); the GenRM writes a critique of
+every response and ends it with a verdict, parsed into the reward; a GRPO update of the policy (FSDP2)
+uses group-normalised advantages and the clipped ratio objective against the sampling logprobs; the
+new weights are published to the Global Parameter Storage and every rollout engine loads them before
+the next step. Synchronous and on-policy: step k's samples come from step k's weights.
+
+On CPU, the built-in task (the defaults):
+    torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
+Across GPU nodes, on each node:
+    torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
+        pivot_train.py --policy /models/policy --genrm /models/judge --data train.jsonl \\
+        --eval-data eval.jsonl --judge-template judge.txt --out /runs/exp1
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from roles.genrm import PARSE_RULES, GenRM, ParseFailure, parse_verdict
+from roles.rollout import RolloutEngine, Sample
+from roles.trainer import PolicyTrainer, grpo_advantages
+from runtime import Dist, init_distributed, shutdown_distributed
+from storage import ParameterStorage
+from tasks.dataset import DataError, load_jsonl, step_prompts
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # model
+    p.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
+    p.add_argument("--genrm", default=str(HERE / "models/arith-genrm"), help="HF directory of the judge")
+    p.add_argument("--judge-template", default=str(HERE / "tasks/judge_arith.txt"),
+                   help="text file with {prompt}, {response} and optionally {reference}")
+    p.add_argument("--max-model-len", type=int, default=256)
+    # data
+    p.add_argument("--data", default=str(HERE / "tasks/data/arith_train.jsonl"))
+    p.add_argument("--eval-data", default=str(HERE / "tasks/data/arith_eval.jsonl"))
+    p.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
+    p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
+    p.add_argument("--answer-marker", default=">",
+                   help="a response's final answer is the text after the last marker (for eval_accuracy)")
+    # rollout
+    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-response-tokens", type=int, default=64)
+    # judge
+    p.add_argument("--max-critique-tokens", type=int, default=96)
+    p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
+                   help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
+    # optimisation
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 skips it")
+    p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
+    p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
+    # placement
+    p.add_argument("--placement", choices=["colocated"], default="colocated",
+                   help="colocated: every rank rolls out, then judges, then trains")
+    p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each engine, MiB")
+    # run
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/latest")
+    return p.parse_args(argv)
+
+
+def check_config(args) -> str:
+    """Template text, after every check that can fail before anything is built."""
+    for flag in ("policy", "genrm"):
+        if not (Path(getattr(args, flag)) / "config.json").is_file():
+            sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
+    for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
+                      ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1)):
+        if getattr(args, flag) < low:
+            sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
+                     if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
+    if args.prompts_per_step * args.group_size < args.minibatches:
+        sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
+    try:
+        template = Path(args.judge_template).read_text()
+    except OSError as e:
+        sys.exit(f"--judge-template {args.judge_template}: {e.strerror}")
+    if "{prompt}" not in template or "{response}" not in template:
+        sys.exit(f"--judge-template {args.judge_template} must contain {{prompt}} and {{response}}")
+    return template
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    template = check_config(args)
+    try:
+        train_set, eval_set = load_jsonl(args.data), load_jsonl(args.eval_data)[:args.eval_prompts]
+    except DataError as e:
+        sys.exit(str(e))
+    out = Path(args.out)
+    if (out / "metrics.jsonl").exists():
+        sys.exit(f"--out {out} already holds a run (metrics.jsonl); pass a new --out directory")
+    d = init_distributed()
+    if d.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(vars(args), indent=2))
+    from transformers import AutoTokenizer
+    policy_tok, genrm_tok = AutoTokenizer.from_pretrained(args.policy), AutoTokenizer.from_pretrained(args.genrm)
+    for record in train_set + eval_set:
+        record["prompt_ids"] = policy_tok(record["prompt"]).input_ids
+
+    trainer = PolicyTrainer(args.policy, d.tensors, d.device, lr=args.lr, weight_decay=args.weight_decay,
+                            grad_clip=args.grad_clip, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
+                            temperature=args.temperature, micro_batch=args.micro_batch)
+    storage = ParameterStorage(d, "policy", trainer.weight_shapes())
+    kv = args.kv_cache_mb << 20
+    rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
+                                   kv_cache_bytes=kv)
+    genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
+                  kv_cache_bytes=kv)
+    publish_weights(trainer, storage, rollout_engine, version=0)
+    timeline = Timeline(d, out)
+
+    for step in range(args.steps + 1):
+        record = {"step": step}
+        if step % args.eval_every == 0 or step == args.steps:
+            record.update(evaluate(d, rollout_engine, genrm, eval_set, args, step))
+        if step == args.steps:  # the last record is the evaluation of the final weights
+            log_step(d, out, record)
+            break
+        start = time.perf_counter()
+        batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
+        with timeline.phase(step, "rollout"):
+            samples = rollout(d, rollout_engine, batch, step, args)
+        with timeline.phase(step, "genrm"):
+            parse_failures = judge(d, genrm, samples, step, args)
+        samples = gather_samples(d, samples)
+        with timeline.phase(step, "train"):
+            stats = train_step(trainer, samples, args)
+            publish_weights(trainer, storage, rollout_engine, version=step + 1)
+        record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
+        record.update(timeline.close_step(step))
+        log_step(d, out, record)
+
+    timeline.draw()
+    storage.close()
+    del rollout_engine, genrm
+    shutdown_distributed()
+
+
+def rollout(d: Dist, engine: RolloutEngine, batch: list[dict], step: int, args) -> list[Sample]:
+    """This rank's share of the step's prompts, G samples each."""
+    mine = [(i, batch[i]) for i in range(d.rank, len(batch), d.world_size)]
+    with progress(d, len(mine) * args.group_size, f"step {step} rollout") as bar:
+        return engine.sample(mine, group_size=args.group_size, step=step, seed=args.seed,
+                             temperature=args.temperature, max_tokens=args.max_response_tokens, progress=bar)
+
+
+def judge(d: Dist, genrm: GenRM, samples: list[Sample], step: int, args) -> int:
+    """Scores this rank's samples in place; returns the parse failures summed over all ranks."""
+    with progress(d, len(samples), f"step {step} judge") as bar:
+        try:
+            failures = genrm.judge(samples, max_tokens=args.max_critique_tokens,
+                                   on_parse_failure=args.on_parse_failure, seed=args.seed * 100003 + step,
+                                   progress=bar)
+        except ParseFailure as e:
+            sys.exit(f"rank {d.rank}, step {step}: {e}")
+    total = torch.tensor([failures])
+    dist.all_reduce(total, group=d.control)
+    return int(total.item())
+
+
+def gather_samples(d: Dist, samples: list[Sample]) -> list[Sample]:
+    """Every rank gets the whole step's samples in one fixed order, whoever produced them."""
+    shards = [None] * d.world_size
+    dist.all_gather_object(shards, samples, group=d.control)
+    return sorted((s for shard in shards for s in shard), key=lambda s: (s.prompt_index, s.sample_index))
+
+
+def train_step(trainer: PolicyTrainer, samples: list[Sample], args) -> dict:
+    rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
+    for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
+        s.advantage = a
+    per = -(-len(samples) // args.minibatches)
+    return trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
+
+
+def publish_weights(trainer: PolicyTrainer, storage: ParameterStorage, engine: RolloutEngine, version: int):
+    storage.publish(trainer.full_weights(), version)
+    engine.load_weights(storage.named_tensors())
+
+
+def evaluate(d: Dist, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
+    """Greedy answers on the held-out prompts, checked against their references, and how often the
+    judge's verdict agrees with that check."""
+    mine = list(range(d.rank, len(eval_set), d.world_size))
+    with progress(d, len(mine), f"step {step} eval") as bar:
+        responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens, bar)
+    samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
+                      reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"])
+               for i, r in zip(mine, responses)]
+    genrm.judge(samples, max_tokens=args.max_critique_tokens, on_parse_failure="fail", seed=args.seed)
+    rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
+             parse_verdict(s.critique)) for s in samples]
+    shards = [None] * d.world_size
+    dist.all_gather_object(shards, rows, group=d.control)
+    rows = [r for shard in shards for r in shard]
+    confusion = {"judge_correct_ref_correct": 0, "judge_correct_ref_wrong": 0,
+                 "judge_wrong_ref_correct": 0, "judge_wrong_ref_wrong": 0, "judge_unparsed": 0}
+    for correct, verdict in rows:
+        ref = "ref_correct" if correct else "ref_wrong"
+        key = "judge_unparsed" if verdict is None else f"judge_{'correct' if verdict else 'wrong'}_{ref}"
+        confusion[key] += 1
+    agree = confusion["judge_correct_ref_correct"] + confusion["judge_wrong_ref_wrong"]
+    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), "genrm_agreement": agree / len(rows),
+            "genrm_confusion": confusion}
+
+
+def final_answer(response: str, marker: str) -> str | None:
+    return response.rsplit(marker, 1)[1].strip() if marker in response else None
+
+
+def step_metrics(samples: list[Sample], stats: dict, seconds: float, parse_failures: int, args) -> dict:
+    response_tokens = sum(len(s.response_ids) for s in samples)
+    checked = [s for s in samples if s.reference is not None]
+    agree = sum(not s.parse_failed and (s.reward == 1.0) == (final_answer(s.response, args.answer_marker)
+                                                             == s.reference.strip()) for s in checked)
+    return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,
+            "samples_per_s": len(samples) / seconds, "tokens_per_s": response_tokens / seconds,
+            "genrm_parse_failures": parse_failures,
+            "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
+            "genrm_agreement_train": agree / len(checked) if checked else None,
+            "shifts": [], **stats}
+
+
+class Timeline:
+    """Which rank held which role when; rank 0 writes it to timeline.jsonl and draws timeline.png."""
+
+    def __init__(self, d: Dist, out: Path):
+        self.d, self.out, self.t0, self.spans = d, out, time.perf_counter(), []
+
+    @contextmanager
+    def phase(self, step: int, role: str):
+        start = time.perf_counter() - self.t0
+        yield
+        self.spans.append({"step": step, "rank": self.d.rank, "role": role, "start": start,
+                           "end": time.perf_counter() - self.t0})
+
+    def close_step(self, step: int) -> dict:
+        """Gathers the step's spans; returns each role's busy seconds summed over ranks."""
+        shards = [None] * self.d.world_size
+        dist.all_gather_object(shards, [s for s in self.spans if s["step"] == step], group=self.d.control)
+        spans = [s for shard in shards for s in shard]
+        busy = {}
+        for s in spans:
+            busy[s["role"]] = busy.get(s["role"], 0.0) + s["end"] - s["start"]
+        if self.d.rank == 0:
+            with open(self.out / "timeline.jsonl", "a") as f:
+                f.writelines(json.dumps(s) + "\n" for s in spans)
+        return {"busy_s": busy}
+
+    def draw(self) -> None:
+        if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
+            return
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
+        colours = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green"}
+        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
+        for s in spans:
+            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"], color=colours.get(s["role"], "grey"))
+        ax.set_xlabel("seconds since start")
+        ax.set_ylabel("rank")
+        ax.set_yticks(range(self.d.world_size))
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()],
+                  labels=list(colours), loc="upper right")
+        fig.tight_layout()
+        fig.savefig(self.out / "timeline.png", dpi=100)
+        plt.close(fig)
+
+
+def log_step(d: Dist, out: Path, record: dict) -> None:
+    if d.rank != 0:
+        return
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    parts = [f"step {record['step']}"]
+    if "reward_mean" in record:
+        busy = record["busy_s"]
+        parts += [f"reward {record['reward_mean']:.3f}", f"{record['samples_per_s']:.1f} samples/s",
+                  f"{record['step_time_s']:.1f}s (" + " ".join(f"{k} {v:.1f}" for k, v in busy.items()) + ")"]
+    if "eval_accuracy" in record:
+        parts += [f"eval {record['eval_accuracy']:.3f}", f"judge agreement {record['genrm_agreement']:.3f}"]
+    tqdm.write(" | ".join(parts))
+
+
+@contextmanager
+def progress(d: Dist, total: int, desc: str):
+    bar = tqdm(total=total, desc=desc, leave=False, disable=d.rank != 0)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The policy update: GRPO on FSDP2 (`fully_shard`) over the train ranks.
+
+GRPO, per group of G responses to one prompt: advantage_i = (r_i - mean(r)) / (std(r) + eps), the same
+for every token of response i (a group of equal rewards gives zero advantages and no gradient). The loss
+is PPO's clipped ratio objective against the rollout's sampling logprobs, summed over every response
+token of the step and divided by that token count (token-level normalisation), plus an optional k3 KL
+penalty to a frozen reference policy.
+"""
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+
+def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """rewards: [groups, G] -> advantages of the same shape (std is the unbiased sample std)."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if not scale_by_std:
+        return centred
+    return centred / (rewards.std(dim=1, keepdim=True) + eps)
+
+
+def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+    """Sum over masked tokens of the per-token GRPO loss; the caller divides by the token count.
+
+    logp, old_logp, mask, ref_logp: [batch, T]; advantages: [batch] (broadcast over tokens)."""
+    adv = advantages[:, None]
+    ratio = torch.exp(logp - old_logp)
+    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    if ref_logp is not None and kl_coef > 0:
+        delta = ref_logp - logp
+        per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1)
+    return (per_token * mask).sum()
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+    """log p(token t | tokens < t) for t >= 1, under the sampling temperature; [batch, T-1]."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def pack(samples, device) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+response ids; masks and old logprobs aligned with token_logprobs' output."""
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    T = max(lengths)
+    ids = torch.zeros(len(samples), T, dtype=torch.long)
+    attention = torch.zeros(len(samples), T, dtype=torch.long)
+    mask = torch.zeros(len(samples), T - 1)
+    old = torch.zeros(len(samples), T - 1)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        ids[i, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        attention[i, :p + r] = 1
+        mask[i, p - 1:p - 1 + r] = 1
+        old[i, p - 1:p - 1 + r] = torch.tensor(s.logprobs)
+    return {k: v.to(device) for k, v in
+            dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old).items()}
+
+
+class PolicyTrainer:
+    """The policy's FSDP2 module and AdamW, sharded over `group` (the train ranks)."""
+
+    def __init__(self, policy_dir: str, group: dist.ProcessGroup, device: torch.device, *, lr: float,
+                 weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
+                 temperature: float, micro_batch: int):
+        self.group, self.device = group, device
+        self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
+        self.grad_clip, self.micro_batch = grad_clip, micro_batch
+        mesh = DeviceMesh.from_group(group, device.type)
+        on_gpu = device.type == "cuda"
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_gpu else torch.float32,
+                                  reduce_dtype=torch.float32)
+        self.model = self._sharded(policy_dir, mesh, mp)
+        self.reference = self._sharded(policy_dir, mesh, mp).requires_grad_(False) if kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99),
+                                           weight_decay=weight_decay)
+
+    def _sharded(self, policy_dir, mesh, mp):
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).to(self.device)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        return fully_shard(model, mesh=mesh, mp_policy=mp)
+
+    def weight_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """Names, full shapes and inference dtype of the weights an engine loads."""
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        return [(name, tuple(p.shape), dtype) for name, p in self.model.named_parameters()]
+
+    def full_weights(self):
+        """Yields (hf_name, full tensor on CPU); collective over the train group."""
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        for name, p in self.model.named_parameters():
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            yield name, full.detach().to("cpu", dtype)
+
+    def train_step(self, minibatches: list[list]) -> dict:
+        """One optimizer step per minibatch. Every train rank is handed the same global minibatches
+        (samples carrying `.advantage`) and works on its strided share of each."""
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0}
+        self.model.train()
+        for mb in minibatches:
+            total_tokens = sum(len(s.response_ids) for s in mb)
+            mine = mb[rank::world]
+            # Every rank runs the same number of micro-steps: FSDP's collectives must pair up.
+            micro_steps = -(-len(mb[0::world]) // self.micro_batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            sums = torch.zeros(2)
+            for i in range(micro_steps):
+                chunk = mine[i * self.micro_batch:(i + 1) * self.micro_batch]
+                loss, clipped = self._micro_step(chunk or mb[:1], real=bool(chunk))
+                # FSDP averages gradients over the group; this scale makes them token-level means.
+                (loss * world / max(total_tokens, 1)).backward()
+                sums += torch.tensor([loss.item(), clipped])
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if isinstance(grad_norm, DTensor):
+                grad_norm = grad_norm.full_tensor()
+            self.optimizer.step()
+            dist.all_reduce(sums, group=self.group)
+            stats["loss"] += sums[0].item() / max(total_tokens, 1) / len(minibatches)
+            stats["clip_frac"] += sums[1].item() / max(total_tokens, 1) / len(minibatches)
+            stats["grad_norm"] += grad_norm.item() / len(minibatches)
+            stats["tokens"] += total_tokens
+        return stats
+
+    def _micro_step(self, chunk, real: bool):
+        """Loss sum and clipped-token count of `chunk`; a stand-in chunk (real=False) counts nothing."""
+        batch = pack(chunk, self.device)
+        mask = batch["mask"] if real else torch.zeros_like(batch["mask"])
+        logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"], self.temperature)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = token_logprobs(self.reference, batch["input_ids"], batch["attention_mask"],
+                                     self.temperature)
+        advantages = torch.tensor([s.advantage for s in chunk], device=self.device, dtype=logp.dtype)
+        loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef)
+        with torch.no_grad():
+            ratio = torch.exp(logp - batch["old_logp"])
+            clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum().item()
+        return loss, clipped

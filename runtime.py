@@ -1,0 +1,58 @@
+"""One way into torch.distributed for every entry point (training script, tests, benchmarks)."""
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    control: dist.ProcessGroup  # gloo: plans, small Python objects
+    tensors: dist.ProcessGroup  # NCCL on GPU, gloo on CPU: weights and gradients
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_world_size
+
+
+def init_distributed() -> Dist:
+    """Join the torchrun group; a plain `python` launch becomes a world of one."""
+    for key, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                         ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, default)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        control = dist.new_group(backend="gloo")
+    else:
+        device = torch.device("cpu")
+        # One thread per rank: the ranks share the machine's cores.
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")
+        control = dist.group.WORLD
+    return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(),
+                local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), device=device,
+                control=control, tensors=dist.group.WORLD)
+
+
+def shutdown_distributed() -> None:
+    # vLLM's engine tears the default group down with itself; only destroy what is left.
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,72 @@
+import math
+
+import pytest
+import torch
+
+from roles.trainer import grpo_advantages, grpo_loss_sum, pack
+from roles.rollout import Sample
+
+
+def test_advantages_hand_checked():
+    adv = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 1.0, 1.0]]))
+    # group 1: mean 0.5, unbiased std sqrt(1/3); group 2: mean 0.75, std 0.5
+    a = 0.5 / math.sqrt(1 / 3)
+    assert adv[0].tolist() == pytest.approx([a, -a, -a, a], abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([0.5, -1.5, 0.5, 0.5], abs=1e-5)
+
+
+def test_equal_rewards_give_zero_advantage_and_no_gradient():
+    adv = grpo_advantages(torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert torch.equal(adv, torch.zeros(2, 3))
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], requires_grad=True)
+    loss = grpo_loss_sum(logp, logp.detach(), adv[:, 0], torch.ones(2, 2), clip_eps=0.2)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logp.grad, torch.zeros(2, 2))
+
+
+def test_advantages_without_std_scaling():
+    adv = grpo_advantages(torch.tensor([[2.0, 0.0]]), scale_by_std=False)
+    assert adv.tolist() == [[1.0, -1.0]]
+
+
+def test_loss_on_policy_is_minus_advantage_per_masked_token():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss = grpo_loss_sum(logp, logp, torch.tensor([1.0, -1.0]), mask, clip_eps=0.2)
+    assert loss.item() == pytest.approx(-1 * 2 + 1 * 1)
+
+
+@pytest.mark.parametrize("log_ratio, adv, expected", [
+    (0.5, 1.0, -1.2),               # ratio 1.65 > 1.2, positive advantage: clipped
+    (0.5, -1.0, math.exp(0.5)),     # negative advantage: the unclipped (worse) term wins
+    (-0.5, 1.0, -math.exp(-0.5)),   # ratio 0.61 < 0.8, positive advantage: unclipped
+    (-0.5, -1.0, 0.8),              # negative advantage: clipped at 0.8
+])
+def test_loss_clipping(log_ratio, adv, expected):
+    old = torch.tensor([[-1.0]])
+    loss = grpo_loss_sum(old + log_ratio, old, torch.tensor([adv]), torch.ones(1, 1), clip_eps=0.2)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_clipped_tokens_have_no_gradient():
+    old = torch.tensor([[-1.0, -1.0]])
+    logp = (old + torch.tensor([[0.5, 0.1]])).requires_grad_()
+    grpo_loss_sum(logp, old, torch.tensor([1.0]), torch.ones(1, 2), clip_eps=0.2).backward()
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(-math.exp(0.1))
+
+
+def test_kl_penalty_is_k3():
+    logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-1.5]])
+    loss = grpo_loss_sum(logp, logp, torch.tensor([0.0]), torch.ones(1, 1), 0.2, ref_logp=ref, kl_coef=0.1)
+    assert loss.item() == pytest.approx(0.1 * (math.exp(-0.5) + 0.5 - 1))
+
+
+def test_pack_aligns_response_tokens_with_their_logprobs():
+    s = Sample(0, 0, prompt_ids=[5, 6, 7], response_ids=[8, 9], logprobs=[-0.1, -0.2], finish_reason="stop")
+    t = Sample(0, 1, prompt_ids=[5], response_ids=[4], logprobs=[-0.3], finish_reason="stop")
+    batch = pack([s, t], torch.device("cpu"))
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 4, 0, 0, 0]]
+    # position t of the outputs predicts token t+1
+    assert batch["mask"].tolist() == [[0, 0, 1, 1], [1, 0, 0, 0]]
+    assert torch.allclose(batch["old_logp"], torch.tensor([[0, 0, -0.1, -0.2], [-0.3, 0, 0, 0]]))
