@@ -1,7 +1,11 @@
 """The one place that drives vLLM: an in-process engine stepped one engine step at a time.
 
-Rollout and judging both run through `Engine.run`, which adds requests, steps the engine and collects
-each request's tokens and logprobs as they arrive, so a caller sees the state between two engine steps.
+Rollout and judging both run through `Engine`: requests are added, the engine is stepped, and each
+request's tokens and logprobs are collected as they arrive, so a caller sees the state between two
+engine steps. `export` aborts every request in flight and returns it with what it has generated so
+far and its sampler's random state; `add` of such a request resumes it on any engine, with
+prompt + generated as the prompt and the remaining token budget, and samples exactly the tokens the
+original engine would have.
 """
 from dataclasses import dataclass, field
 
@@ -17,6 +21,11 @@ class Request:
     max_tokens: int
     temperature: float
     seed: int | None = None
+    # A migrated request carries what it generated elsewhere and its sampler's random state.
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rng_state: torch.Tensor | None = None
+    prefill_tokens: int = 0  # tokens prefilled again because the request migrated
 
 
 @dataclass
@@ -24,6 +33,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    prefill_tokens: int = 0
 
 
 class Engine:
@@ -49,32 +59,104 @@ class Engine:
             enforce_eager=not on_gpu,
         )
         self.vllm = self.llm.llm_engine
+        self.llm.collective_rpc(_install_rng_restore)
+        self.requests: dict[str, Request] = {}
+        self.completions: dict[str, Completion] = {}
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         # In-place reload keeps the engine's KV cache and compiled state; the model's own
         # load_weights fails after start-up on CPU ('Parameter' has no 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
 
-    def run(self, requests: list[Request], progress=None) -> dict[str, Completion]:
-        """Generate every request to completion; `progress.update(1)` is called per finished one."""
-        done: dict[str, Completion] = {}
+    def add(self, requests: list[Request]) -> None:
         for req in requests:
-            done[req.id] = Completion()
-            params = SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens,
+            self.requests[req.id] = req
+            self.completions[req.id] = Completion(list(req.generated), list(req.logprobs),
+                                                  prefill_tokens=req.prefill_tokens)
+            params = SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens - len(req.generated),
                                     seed=req.seed, logprobs=0, detokenize=False,
                                     output_kind=RequestOutputKind.DELTA)
-            self.vllm.add_request(req.id, {"prompt_token_ids": req.prompt_ids}, params)
-        while self.vllm.has_unfinished_requests():
-            for out in self.vllm.step():
-                piece, completion = out.outputs[0], done[out.request_id]
-                completion.token_ids.extend(piece.token_ids)
-                completion.logprobs.extend(lp[t].logprob for t, lp in zip(piece.token_ids, piece.logprobs))
-                if out.finished:
-                    completion.finish_reason = piece.finish_reason
-                    if progress is not None:
-                        progress.update(1)
+            if req.rng_state is not None:
+                self.llm.collective_rpc(_expect_rng_state, args=(req.id, req.rng_state))
+            self.vllm.add_request(req.id, {"prompt_token_ids": req.prompt_ids + req.generated}, params)
+
+    def step(self) -> list[tuple[Request, Completion]]:
+        """One engine step; returns the requests it finished."""
+        finished = []
+        for out in self.vllm.step():
+            piece, completion = out.outputs[0], self.completions[out.request_id]
+            completion.token_ids.extend(piece.token_ids)
+            completion.logprobs.extend(lp[t].logprob for t, lp in zip(piece.token_ids, piece.logprobs))
+            if out.finished:
+                completion.finish_reason = piece.finish_reason
+                finished.append((self.requests.pop(out.request_id), self.completions.pop(out.request_id)))
+        return finished
+
+    def in_flight(self) -> int:
+        return len(self.requests)
+
+    def export(self) -> list[Request]:
+        """Aborts every request in flight; returns each with its progress, ready to `add` elsewhere."""
+        if not self.requests:
+            return []
+        states = self.llm.collective_rpc(_rng_states)[0]
+        exported = []
+        for rid, req in self.requests.items():
+            done = self.completions[rid]
+            exported.append(Request(rid, req.prompt_ids, req.max_tokens, req.temperature, req.seed,
+                                    generated=done.token_ids, logprobs=done.logprobs,
+                                    rng_state=states.get(rid),
+                                    prefill_tokens=done.prefill_tokens + len(req.prompt_ids) + len(done.token_ids)))
+        self.vllm.abort_request(list(self.requests))
+        self.requests, self.completions = {}, {}
+        return exported
+
+    def run(self, requests: list[Request], progress=None) -> dict[str, Completion]:
+        """Generates every request to completion; `progress.update(1)` is called per finished one."""
+        self.add(requests)
+        done = {}
+        while self.requests:
+            for req, completion in self.step():
+                done[req.id] = completion
+                if progress is not None:
+                    progress.update(1)
         return done
 
     def close(self) -> None:
         del self.vllm
         del self.llm
+
+
+# The functions below run on the engine's worker (in this process) through collective_rpc. vLLM keeps a
+# seeded request's torch.Generator inside its model runner and gives no public way to read or set it;
+# migrating a sampled sequence without changing what it samples needs both.
+
+def _external_id(internal_id: str) -> str:
+    return internal_id.rsplit("-", 1)[0]  # vLLM appends "-<random suffix>" to every request id
+
+
+def _rng_states(worker) -> dict[str, torch.Tensor]:
+    return {_external_id(rid): state.generator.get_state()
+            for rid, state in worker.model_runner.requests.items() if state.generator is not None}
+
+
+def _expect_rng_state(worker, request_id: str, rng_state: torch.Tensor) -> None:
+    worker.model_runner.pivot_rng_states[request_id] = rng_state
+
+
+def _install_rng_restore(worker) -> None:
+    """Wraps the runner's per-step state update so that a resumed request's generator continues from
+    the state it had when exported, before its first token here is sampled."""
+    runner = worker.model_runner
+    runner.pivot_rng_states = {}
+    update_states = runner._update_states
+
+    def update_states_then_restore(scheduler_output):
+        result = update_states(scheduler_output)
+        for new in scheduler_output.scheduled_new_reqs:
+            state = runner.pivot_rng_states.pop(_external_id(new.req_id), None)
+            if state is not None:
+                runner.requests[new.req_id].generator.set_state(state)
+        return result
+
+    runner._update_states = update_states_then_restore
