@@ -14,8 +14,8 @@ Across GPU nodes, on each node:
         --eval-data eval.jsonl --judge-template judge.txt --out /runs/exp1
 """
 import argparse
+import gc
 import json
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from roles.genrm import PARSE_RULES, GenRM, ParseFailure, parse_verdict
+from roles.genrm import PARSE_RULES, GenRM, parse_verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
+from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage
 from tasks.dataset import DataError, load_jsonl, step_prompts
 
@@ -70,7 +71,13 @@ def parse_args(argv=None):
     # placement
     p.add_argument("--placement", choices=["colocated"], default="colocated",
                    help="colocated: every rank rolls out, then judges, then trains")
+    p.add_argument("--force-shifts", type=int, default=None, metavar="SEED",
+                   help="replace the plan by a seeded random schedule of moves between engine steps, to "
+                        "exercise sequence migration and role shifts on your own setup")
+    p.add_argument("--force-shift-rate", type=float, default=0.2,
+                   help="with --force-shifts, the chance of a move at each engine step")
     p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each engine, MiB")
+    p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
     # run
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
@@ -84,7 +91,8 @@ def check_config(args) -> str:
         if not (Path(getattr(args, flag)) / "config.json").is_file():
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
     for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
-                      ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1)):
+                      ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
+                      ("max_seqs", 1)):
         if getattr(args, flag) < low:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
@@ -126,7 +134,11 @@ def main(argv=None):
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=kv)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
-                  kv_cache_bytes=kv)
+                  kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure)
+    engines = {"rollout": rollout_engine.engine, "genrm": genrm.engine}
+    plan = colocated_plan
+    if args.force_shifts is not None:
+        plan = lambda roles, queues, rng: forced_plan(roles, queues, rng, args.force_shift_rate)  # noqa: E731
     publish_weights(trainer, storage, rollout_engine, version=0)
     timeline = Timeline(d, out)
 
@@ -139,51 +151,39 @@ def main(argv=None):
             break
         start = time.perf_counter()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
-        with timeline.phase(step, "rollout"):
-            samples = rollout(d, rollout_engine, batch, step, args)
-        with timeline.phase(step, "genrm"):
-            parse_failures = judge(d, genrm, samples, step, args)
-        samples = gather_samples(d, samples)
-        with timeline.phase(step, "train"):
+        samples, shifts, parse_failures = rollout_and_judge(d, engines, batch, rollout_engine, genrm, plan,
+                                                            step, timeline, args)
+        with timeline.busy(step, "train"):
             stats = train_step(trainer, samples, args)
             publish_weights(trainer, storage, rollout_engine, version=step + 1)
         record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
+        record.update(shifts)
         record.update(timeline.close_step(step))
         log_step(d, out, record)
 
     timeline.draw()
     storage.close()
-    del rollout_engine, genrm
+    del engines, rollout_engine, genrm  # the engines must go before the process group they use
+    gc.collect()
     shutdown_distributed()
 
 
-def rollout(d: Dist, engine: RolloutEngine, batch: list[dict], step: int, args) -> list[Sample]:
-    """This rank's share of the step's prompts, G samples each."""
-    mine = [(i, batch[i]) for i in range(d.rank, len(batch), d.world_size)]
-    with progress(d, len(mine) * args.group_size, f"step {step} rollout") as bar:
-        return engine.sample(mine, group_size=args.group_size, step=step, seed=args.seed,
-                             temperature=args.temperature, max_tokens=args.max_response_tokens, progress=bar)
-
-
-def judge(d: Dist, genrm: GenRM, samples: list[Sample], step: int, args) -> int:
-    """Scores this rank's samples in place; returns the parse failures summed over all ranks."""
-    with progress(d, len(samples), f"step {step} judge") as bar:
-        try:
-            failures = genrm.judge(samples, max_tokens=args.max_critique_tokens,
-                                   on_parse_failure=args.on_parse_failure, seed=args.seed * 100003 + step,
-                                   progress=bar)
-        except ParseFailure as e:
-            sys.exit(f"rank {d.rank}, step {step}: {e}")
-    total = torch.tensor([failures])
-    dist.all_reduce(total, group=d.control)
-    return int(total.item())
-
-
-def gather_samples(d: Dist, samples: list[Sample]) -> list[Sample]:
-    """Every rank gets the whole step's samples in one fixed order, whoever produced them."""
-    shards = [None] * d.world_size
-    dist.all_gather_object(shards, samples, group=d.control)
-    return sorted((s for shard in shards for s in shard), key=lambda s: (s.prompt_index, s.sample_index))
+def rollout_and_judge(d: Dist, engines, batch, rollout_engine, genrm, plan, step, timeline, args):
+    """The step's samples, scored, in (prompt, sample) order on every rank; the shifts and
+    migrations it took; the judge's first-try parse failures."""
+    queues = StepQueues(batch, rollout_engine, genrm, step=step, args=args) if d.rank == 0 else None
+    with progress(d, len(batch) * args.group_size, f"step {step} rollout+judge") as bar:
+        samples, shifts, resume_s = generate(d, engines, queues, plan, capacity=args.max_seqs,
+                                             seed=args.seed if args.force_shifts is None else args.force_shifts,
+                                             step=step, timeline=timeline, progress=bar)
+    everyone = [None] * d.world_size
+    dist.all_gather_object(everyone, ([s.record() for s in shifts], resume_s), group=d.control)
+    failures = [queues.parse_failures if queues else 0]
+    dist.broadcast_object_list(failures, src=0, group=d.control)
+    return samples, {"shifts": [s for mine, _ in everyone for s in mine],
+                     "migrated_sequences": sum(s["migrated"] for mine, _ in everyone for s in mine),
+                     "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
+                     "migration_prefill_s": sum(r for _, r in everyone)}, failures[0]
 
 
 def train_step(trainer: PolicyTrainer, samples: list[Sample], args) -> dict:
@@ -208,7 +208,7 @@ def evaluate(d: Dist, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict],
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"])
                for i, r in zip(mine, responses)]
-    genrm.judge(samples, max_tokens=args.max_critique_tokens, on_parse_failure="fail", seed=args.seed)
+    genrm.judge(samples, step)
     rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
              parse_verdict(s.critique)) for s in samples]
     shards = [None] * d.world_size
@@ -250,20 +250,26 @@ class Timeline:
         self.d, self.out, self.t0, self.spans = d, out, time.perf_counter(), []
 
     @contextmanager
-    def phase(self, step: int, role: str):
+    def busy(self, step: int, role: str):
+        """Marks this rank busy in `role`; back-to-back periods in one role merge into one span."""
         start = time.perf_counter() - self.t0
         yield
-        self.spans.append({"step": step, "rank": self.d.rank, "role": role, "start": start,
-                           "end": time.perf_counter() - self.t0})
+        end = time.perf_counter() - self.t0
+        last = self.spans[-1] if self.spans else None
+        if last and last["step"] == step and last["role"] == role and start - last["end"] < 0.05:
+            last["end"] = end
+        else:
+            self.spans.append({"step": step, "rank": self.d.rank, "role": role, "start": start, "end": end})
 
     def close_step(self, step: int) -> dict:
         """Gathers the step's spans; returns each role's busy seconds summed over ranks."""
         shards = [None] * self.d.world_size
         dist.all_gather_object(shards, [s for s in self.spans if s["step"] == step], group=self.d.control)
+        self.spans = [s for s in self.spans if s["step"] != step]
         spans = [s for shard in shards for s in shard]
-        busy = {}
+        busy = {role: 0.0 for role in ("rollout", "genrm", "train")}
         for s in spans:
-            busy[s["role"]] = busy.get(s["role"], 0.0) + s["end"] - s["start"]
+            busy[s["role"]] += s["end"] - s["start"]
         if self.d.rank == 0:
             with open(self.out / "timeline.jsonl", "a") as f:
                 f.writelines(json.dumps(s) + "\n" for s in spans)
@@ -279,7 +285,7 @@ class Timeline:
         colours = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green"}
         fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
         for s in spans:
-            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"], color=colours.get(s["role"], "grey"))
+            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"], color=colours[s["role"]])
         ax.set_xlabel("seconds since start")
         ax.set_ylabel("rank")
         ax.set_yticks(range(self.d.world_size))

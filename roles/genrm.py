@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from roles.engine import Engine, Request
+from roles.engine import Completion, Engine, Request
 
 VERDICT = re.compile(r"verdict:\s*(correct|wrong)\b")
 REWARD = {"correct": 1.0, "wrong": 0.0}
@@ -32,33 +32,40 @@ def fill_template(template: str, prompt: str, response: str, reference: str | No
 
 class GenRM:
     def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
-                 kv_cache_bytes: int):
-        self.tokenizer, self.template = tokenizer, template
+                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str):
+        self.tokenizer, self.template, self.seed = tokenizer, template, seed
+        self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
         self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes)
 
-    def judge(self, samples, *, max_tokens: int, on_parse_failure: str, seed: int, progress=None) -> int:
-        """Sets `reward`, `critique` and `parse_failed` on every sample; returns the parse failures."""
-        prompts = [self.tokenizer.encode(fill_template(self.template, s.prompt, s.response, s.reference))
-                   for s in samples]
-        critiques = self._run(prompts, list(range(len(samples))), max_tokens, 0.0, seed, progress)
-        failed = [i for i, c in enumerate(critiques) if parse_verdict(c) is None]
-        if failed and on_parse_failure == "retry":
-            again = self._run([prompts[i] for i in failed], failed, max_tokens, 1.0, seed, None)
-            for i, c in zip(failed, again):
-                critiques[i] = c
-        for s, critique in zip(samples, critiques):
-            reward = parse_verdict(critique)
-            s.critique, s.parse_failed, s.reward = critique, reward is None, reward or 0.0
-        n_failed = sum(s.parse_failed for s in samples)
-        if n_failed and on_parse_failure == "stop":
-            bad = next(s for s in samples if s.parse_failed)
-            raise ParseFailure(f"the judge's output has no verdict line (--on-parse-failure stop): "
-                               f"{bad.critique!r}; choose 'fail' or 'retry' to go on past such outputs")
-        return len(failed)
+    def request(self, sample, step: int, retry: bool = False) -> Request:
+        """The judge's request for a sample: greedy, or sampled with its own seed on a retry."""
+        ids = self.tokenizer.encode(fill_template(self.template, sample.prompt, sample.response, sample.reference))
+        rid = f"j/{sample.prompt_index}/{sample.sample_index}"
+        if not retry:
+            return Request(rid, ids, self.max_tokens, 0.0)
+        seed = int(np.random.SeedSequence([self.seed, step, *sample.key]).generate_state(1)[0])
+        return Request(rid + "/retry", ids, self.max_tokens, 1.0, seed)
 
-    def _run(self, prompt_ids, keys, max_tokens, temperature, seed, progress) -> list[str]:
-        requests = [Request(f"judge-{k}", ids, max_tokens, temperature,
-                            int(np.random.SeedSequence([seed, k]).generate_state(1)[0]) if temperature else None)
-                    for k, ids in zip(keys, prompt_ids)]
+    def score(self, sample, request: Request, done: Completion) -> bool:
+        """Sets the sample's critique and reward; False when the verdict is unreadable and the rule
+        asks for another try (the caller then judges `self.request(sample, step, retry=True)`)."""
+        sample.critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
+        reward = parse_verdict(sample.critique)
+        sample.parse_failed, sample.reward = reward is None, reward or 0.0
+        if reward is None and self.on_parse_failure == "stop":
+            raise ParseFailure(f"the judge's output has no verdict line (--on-parse-failure stop): "
+                               f"{sample.critique!r}; choose 'fail' or 'retry' to go on past such outputs")
+        return not (reward is None and self.on_parse_failure == "retry" and not request.id.endswith("/retry"))
+
+    def judge(self, samples, step: int, progress=None) -> int:
+        """Judges samples here, to completion (evaluation); returns the first-try parse failures."""
+        requests = [self.request(s, step) for s in samples]
         done = self.engine.run(requests, progress)
-        return [self.tokenizer.decode(done[r.id].token_ids, skip_special_tokens=True) for r in requests]
+        again = [s for s, r in zip(samples, requests) if not self.score(s, r, done[r.id])]
+        failures = sum(s.parse_failed for s in samples)
+        if again:
+            retries = [self.request(s, step, retry=True) for s in again]
+            done = self.engine.run(retries)
+            for s, r in zip(again, retries):
+                self.score(s, r, done[r.id])
+        return failures

@@ -1,9 +1,9 @@
-"""The policy's side of a step: sample G responses per prompt, and greedy answers for evaluation."""
+"""The policy's side of a step: G sampled responses per prompt, and greedy answers for evaluation."""
 from dataclasses import dataclass
 
 import numpy as np
 
-from roles.engine import Engine, Request
+from roles.engine import Completion, Engine, Request
 
 
 @dataclass
@@ -21,12 +21,23 @@ class Sample:
     critique: str = ""
     parse_failed: bool = False
     advantage: float = 0.0
+    prefill_tokens: int = 0  # prefilled again because the sequence migrated
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.prompt_index, self.sample_index
 
 
 def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
     """Each sample's own seed: G requests sharing one seed would return G identical responses, and a
     seed tied to (step, prompt, sample) rather than to a rank makes any placement sample the same."""
     return int(np.random.SeedSequence([seed, step, prompt_index, sample_index]).generate_state(1)[0])
+
+
+def request_key(request_id: str) -> tuple[int, int]:
+    """(prompt index, sample index) of a rollout ("r/P/G") or judge ("j/P/G[/retry]") request."""
+    parts = request_id.split("/")
+    return int(parts[1]), int(parts[2])
 
 
 class RolloutEngine:
@@ -37,24 +48,21 @@ class RolloutEngine:
     def load_weights(self, named_tensors) -> None:
         self.engine.load_weights(named_tensors)
 
-    def sample(self, prompts: list[tuple[int, dict]], *, group_size: int, step: int, seed: int,
-               temperature: float, max_tokens: int, progress=None) -> list[Sample]:
-        """prompts: (index in the step's batch, {"prompt_ids", "prompt", "reference"})."""
-        requests = [Request(f"{step}-{i}-{g}", p["prompt_ids"], max_tokens, temperature,
-                            sample_seed(seed, step, i, g))
-                    for i, p in prompts for g in range(group_size)]
-        done = self.engine.run(requests, progress)
-        samples = []
-        for i, p in prompts:
-            for g in range(group_size):
-                c = done[f"{step}-{i}-{g}"]
-                samples.append(Sample(i, g, p["prompt_ids"], c.token_ids, c.logprobs, c.finish_reason,
-                                      response=self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                                      reference=p.get("reference"), prompt=p["prompt"]))
-        return samples
+    @staticmethod
+    def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
+                 max_tokens: int) -> list[Request]:
+        """One request per sample of the step, in (prompt, sample) order."""
+        return [Request(f"r/{i}/{g}", record["prompt_ids"], max_tokens, temperature, sample_seed(seed, step, i, g))
+                for i, record in enumerate(batch) for g in range(group_size)]
+
+    def to_sample(self, request: Request, done: Completion, record: dict) -> Sample:
+        p, g = request_key(request.id)
+        return Sample(p, g, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,
+                      response=self.tokenizer.decode(done.token_ids, skip_special_tokens=True),
+                      reference=record.get("reference"), prompt=record["prompt"],
+                      prefill_tokens=done.prefill_tokens)
 
     def greedy(self, prompt_ids: list[list[int]], max_tokens: int, progress=None) -> list[str]:
-        requests = [Request(f"greedy-{i}", ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]
+        requests = [Request(f"greedy/{i}", ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]
         done = self.engine.run(requests, progress)
-        return [self.tokenizer.decode(done[f"greedy-{i}"].token_ids, skip_special_tokens=True)
-                for i in range(len(prompt_ids))]
+        return [self.tokenizer.decode(done[r.id].token_ids, skip_special_tokens=True) for r in requests]

@@ -4,7 +4,6 @@ import json
 import sys
 
 import torch
-import torch.distributed as dist
 
 from runtime import init_distributed, shutdown_distributed
 from storage import ParameterStorage

@@ -22,8 +22,10 @@ storage = ParameterStorage(d, "policy", trainer.weight_shapes())
 engine = RolloutEngine(policy, tok, seed=0, max_model_len=128, kv_cache_bytes=32 << 20)
 
 prompts = ["12+34=", "999+1=", "5+5=", "1234+4321=", "70+8="]
-batch = [(i, {"prompt": p, "prompt_ids": tok(p).input_ids}) for i, p in enumerate(prompts)]
-samples = engine.sample(batch, group_size=4, step=0, seed=0, temperature=1.0, max_tokens=12)
+batch = [{"prompt": p, "prompt_ids": tok(p).input_ids} for p in prompts]
+requests = RolloutEngine.requests(batch, group_size=4, step=0, seed=0, temperature=1.0, max_tokens=12)
+done = engine.engine.run(requests)
+samples = [engine.to_sample(r, done[r.id], batch[int(r.id.split("/")[1])]) for r in requests]
 rewards = torch.tensor([float(len(s.response_ids) % 3 == 0) for s in samples]).view(len(prompts), 4)
 for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
     s.advantage = a

@@ -1,0 +1,220 @@
+"""Shift-aware scheduler: one step's work queues, kept on rank 0, and the tick loop every rank runs.
+
+A step's work is one rollout request per sample (P x G) and, as each response finishes, one judge
+request for it. Every rank runs the same loop of ticks: it steps the engine of the role it holds
+once, then all ranks report to rank 0 (requests finished, requests exported by a shift, requests in
+flight) and rank 0 answers each with its orders: the role to hold next and new requests for it. A
+rank told to change role first exports its in-flight requests; they go back to the head of their
+queue and resume on another rank with prompt + generated as the prompt and their sampler's state,
+so a migrated sequence comes out token for token as it would have without the move.
+
+Ticks are lockstep collectives, so what is dispatched where and when depends on the seed and the
+plan, never on timing. Invariant (tested): every prompt yields exactly G responses, each judged
+exactly once, with no generated token lost or repeated.
+"""
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from roles.engine import Completion, Request
+from roles.genrm import GenRM
+from roles.rollout import RolloutEngine, Sample, request_key
+
+ROLES = ("rollout", "genrm", "train")
+
+
+@dataclass
+class Report:
+    role: str
+    in_flight: int = 0
+    finished: list[tuple[Request, Completion]] = field(default_factory=list)
+    exported: list[Request] = field(default_factory=list)
+
+
+@dataclass
+class Orders:
+    role: str
+    work: list[Request] = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Shift:
+    rank: int
+    src: str
+    dst: str
+    seconds: float
+    migrated: int
+
+    def record(self) -> dict:
+        return {"rank": self.rank, "from": self.src, "to": self.dst, "seconds": self.seconds,
+                "migrated": self.migrated}
+
+
+class StepQueues:
+    """Rank 0's view of one step: queued requests per role, samples, and which are judged."""
+
+    def __init__(self, batch: list[dict], rollout: RolloutEngine, genrm: GenRM, *, step: int, args):
+        self.batch, self.rollout, self.genrm, self.step = batch, rollout, genrm, step
+        self.queue = {"rollout": deque(RolloutEngine.requests(
+            batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
+            max_tokens=args.max_response_tokens)), "genrm": deque()}
+        self.expected = len(self.queue["rollout"])
+        self.samples: dict[tuple[int, int], Sample] = {}
+        self.judged: set[tuple[int, int]] = set()
+        self.in_flight = {"rollout": 0, "genrm": 0}
+        self.parse_failures = 0
+        self.judge_runs = 0  # judge requests completed, retries excluded
+
+    def ingest(self, reports: list[Report]) -> None:
+        for report in reports:
+            for request in report.exported:
+                # Migrated work goes first: it holds the oldest sequences of the step.
+                self.queue["rollout" if request.id.startswith("r/") else "genrm"].appendleft(request)
+            for request, done in report.finished:
+                key = request_key(request.id)
+                if request.id.startswith("r/"):
+                    assert key not in self.samples, f"sample {key} generated twice"
+                    sample = self.rollout.to_sample(request, done, self.batch[key[0]])
+                    self.samples[key] = sample
+                    self.queue["genrm"].append(self.genrm.request(sample, self.step))
+                else:
+                    assert key not in self.judged, f"sample {key} judged twice"
+                    sample = self.samples[key]
+                    if not request.id.endswith("/retry"):
+                        sample.prefill_tokens += done.prefill_tokens
+                        self.judge_runs += 1
+                    if self.genrm.score(sample, request, done):
+                        self.judged.add(key)
+                    else:
+                        self.queue["genrm"].append(self.genrm.request(sample, self.step, retry=True))
+                    self.parse_failures += sample.parse_failed and not request.id.endswith("/retry")
+        self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ("rollout", "genrm")}
+
+    def pending(self, role: str) -> bool:
+        """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
+        if role == "rollout":
+            return bool(self.queue["rollout"]) or self.in_flight["rollout"] > 0
+        if role == "genrm":
+            return len(self.judged) < self.expected
+        return False
+
+    def done(self) -> bool:
+        return len(self.judged) == self.expected
+
+    def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
+        """Shares each role's queue among the ranks holding it, up to each engine's capacity."""
+        work = [[] for _ in roles]
+        for role in ("rollout", "genrm"):
+            ranks = [r for r, held in enumerate(roles) if held == role]
+            for i, rank in enumerate(ranks):
+                fair = -(-len(self.queue[role]) // (len(ranks) - i))
+                for _ in range(min(fair, capacity - in_flight[rank])):
+                    work[rank].append(self.queue[role].popleft())
+        return work
+
+    def ordered_samples(self) -> list[Sample]:
+        return [self.samples[key] for key in sorted(self.samples)]
+
+
+def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> list[str]:
+    """Every rank rolls out, then every rank judges, once no rollout is left anywhere."""
+    if queues.pending("rollout"):
+        return ["rollout"] * len(roles)
+    return ["genrm"] * len(roles)
+
+
+def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> list[str]:
+    """--force-shifts: with probability `rate` a random rank moves to a random other role; then any
+    role left with queued work and no rank takes one, so the step always finishes."""
+    roles = list(roles)
+    if rng.random() < rate:
+        rank = rng.randrange(len(roles))
+        roles[rank] = rng.choice([r for r in ROLES if r != roles[rank]])
+    for role in ("rollout", "genrm"):
+        if queues.queue[role] and role not in roles:
+            # The rank whose role has least left to do gives way.
+            spare = [r for r, held in enumerate(roles) if held == "train" or not queues.pending(held)]
+            roles[rng.choice(spare) if spare else rng.randrange(len(roles))] = role
+    return roles
+
+
+def generate(d, engines: dict, queues: StepQueues | None, plan, *, capacity: int, seed: int, step: int,
+             timeline, progress=None) -> tuple[list[Sample], list[Shift], float]:
+    """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
+    Returns the step's samples in (prompt, sample) order on every rank, this rank's shifts, and the
+    seconds this rank spent prefilling migrated sequences again."""
+    rng = random.Random(f"{seed}/{step}")
+    roles = ["rollout"] * d.world_size  # rank 0's record of who holds what
+    role, report, shifts = None, Report(role="rollout"), []
+    plain_ticks, resumed_ticks = [], []  # engine-step seconds, without and with resumed prefills
+    while True:
+        orders = _exchange(d, report, queues, plan, roles, rng, capacity)
+        if progress is not None and queues is not None:
+            progress.update(len(queues.judged) - progress.n)
+        if orders.error:
+            raise SystemExit(orders.error)
+        if orders.done:
+            break
+        exported = []
+        if orders.role != role:
+            start = time.perf_counter()
+            exported = engines[role].export() if role in engines else []
+            if role is not None:
+                shifts.append(Shift(d.rank, role, orders.role, time.perf_counter() - start, len(exported)))
+            role = orders.role
+        engine = engines.get(role)
+        if engine is not None and orders.work:
+            engine.add(orders.work)
+        finished = []
+        if engine is not None and engine.in_flight():
+            start = time.perf_counter()
+            with timeline.busy(step, role):
+                finished = engine.step()
+            resumed = any(r.generated for r in orders.work)
+            (resumed_ticks if resumed else plain_ticks).append(time.perf_counter() - start)
+        report = Report(role, engine.in_flight() if engine else 0, finished, exported)
+    samples = [None]
+    if d.rank == 0:
+        samples = [queues.ordered_samples()]
+    dist.broadcast_object_list(samples, src=0, group=d.control)
+    return samples[0], shifts, _extra_seconds(resumed_ticks, plain_ticks)
+
+
+def _extra_seconds(resumed_ticks: list[float], plain_ticks: list[float]) -> float:
+    """What resuming migrated sequences cost this rank: the time of the engine steps that prefilled
+    them beyond a typical step without such prefills."""
+    if not resumed_ticks or not plain_ticks:
+        return 0.0
+    typical = sorted(plain_ticks)[len(plain_ticks) // 2]
+    return sum(max(0.0, t - typical) for t in resumed_ticks)
+
+
+def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[str], rng, capacity) -> Orders:
+    """All ranks' reports to rank 0; its orders back to each rank."""
+    reports = [None] * d.world_size if d.rank == 0 else None
+    dist.gather_object(report, reports, dst=0, group=d.control)
+    orders = [None] * d.world_size
+    if d.rank == 0:
+        orders = _decide(reports, queues, plan, roles, rng, capacity)
+    mine = [None]
+    dist.scatter_object_list(mine, orders if d.rank == 0 else None, src=0, group=d.control)
+    return mine[0]
+
+
+def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity) -> list[Orders]:
+    try:
+        queues.ingest(reports)
+    except Exception as e:  # a judge output under --on-parse-failure stop, or a broken invariant
+        return [Orders(role=r, error=f"step {queues.step}: {e}") for r in roles]
+    if queues.done():
+        return [Orders(role=r, done=True) for r in roles]
+    roles[:] = plan(roles, queues, rng)
+    # A rank that changes role exports its in-flight requests this tick and takes new work next tick.
+    in_flight = [rep.in_flight if rep.role == roles[r] else capacity for r, rep in enumerate(reports)]
+    work = queues.dispatch(roles, capacity, in_flight)
+    return [Orders(role=roles[r], work=work[r]) for r in range(len(roles))]
