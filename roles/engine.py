@@ -49,13 +49,36 @@ class Engine:
             enforce_eager=not on_gpu,
         )
         self.vllm = self.llm.llm_engine
+        self.sleep_mode = on_gpu  # vLLM's sleep and wake are no-ops on CPU
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         # In-place reload keeps the engine's KV cache and compiled state; the model's own
         # load_weights fails after start-up on CPU ('Parameter' has no 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
-        if not torch.cuda.is_available():
+        if not self.sleep_mode:
             self.llm.collective_rpc(_repack_tied_head)
+
+    def drain(self) -> None:
+        """Frees the KV cache's cached prefix blocks. In-flight sequences are the scheduler's to migrate
+        (it aborts and re-queues them) before a shift, so finding one here is a bug upstream."""
+        if self.vllm.has_unfinished_requests():
+            raise RuntimeError("engine still has in-flight requests at a shift: migrate them first")
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """GPU: discards weights and KV cache (level 2: the storage holds the weights). CPU: no-op, the
+        engine keeps both in host memory."""
+        if self.sleep_mode:
+            self.llm.sleep(level=2)
+
+    def wake_weights(self) -> None:
+        # Weights first and alone: the KV cache's memory is claimed only once they are loaded.
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+
+    def wake_kv_cache(self) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])
 
     def run(self, requests: list[Request], progress=None) -> dict[str, Completion]:
         """Generate every request to completion; `progress.update(1)` is called per finished one."""
