@@ -72,6 +72,7 @@ class ParameterStorage:
         # Every local rank has mapped the buffer: the name can go, so a crashed run leaks nothing.
         if d.local_rank == 0:
             os.unlink(self.path)
+        dist.barrier(group=d.control)  # so the name is gone on every rank once this returns
         if torch.cuda.is_available():
             # Page-locked, so host<->device copies run by DMA at full link speed.
             torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.nbytes, 0))
