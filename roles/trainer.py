@@ -101,13 +101,16 @@ class PolicyTrainer:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         model.to_empty(device=self.device)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                local, first = p.to_local(), self._rows(p)
-                local.copy_(self.state.view(f"{field}/{name}")[first:first + local.shape[0]])
-            for name, b in model.named_buffers():
-                b.copy_(self.state.view(f"buffer/{name}"))
+        self._fill(model, field)
         return model
+
+    @torch.no_grad()
+    def _fill(self, model, field: str) -> None:
+        for name, p in model.named_parameters():
+            local, first = p.to_local(), self._rows(p)
+            local.copy_(self.state.view(f"{field}/{name}")[first:first + local.shape[0]])
+        for name, b in model.named_buffers():
+            b.copy_(self.state.view(f"buffer/{name}"))
 
     def _load_optimizer(self) -> None:
         # The stored moments and step, set as AdamW's state; at version 0 (zeros, step 0) this is
@@ -115,12 +118,17 @@ class PolicyTrainer:
         step = self.state.view("step")[0]
         for name, p in self.model.named_parameters():
             first = self._rows(p)
-            moments = {"step": step.clone()}
+            moments = self.optimizer.state[p]
+            moments["step"] = step.clone()
             for field in ("exp_avg", "exp_avg_sq"):
-                moments[field] = torch.zeros_like(p)
-                local = moments[field].to_local()
+                local = moments.setdefault(field, torch.empty_like(p)).to_local()
                 local.copy_(self.state.view(f"{field}/{name}")[first:first + local.shape[0]])
-            self.optimizer.state[p] = moments
+
+    def reload(self) -> None:
+        """Loads the stored state into this trainer's own tensors, for the same group: the onload of a
+        trainer kept allocated (on CPU, where freeing would only trade a copy for page faults)."""
+        self._fill(self.model, "master")
+        self._load_optimizer()
 
     def state_rows(self):
         """(name, rows, first row) of this rank's master weights, moments and step, for

@@ -8,7 +8,7 @@ rollout/trainer switch, which is the one that works on GPUs):
               KV blocks are freed.
   2. offload  A's context goes: an engine discards its weights and KV cache (vLLM sleep, level 2: the
               storage holds the weights); the train role writes its master shards and AdamW moments to
-              storage and frees its module and optimizer. A's RNG state is kept for its return.
+              storage and frees its module and optimizer (on GPU). A's RNG state is kept for its return.
   3. onload   B's context comes from storage: an engine wakes its weights, loads the latest published
               version, then wakes its KV cache (so the cache's memory is claimed after the weights');
               the train role builds its FSDP2 module over the new train group and loads its rows.
@@ -16,7 +16,9 @@ rollout/trainer switch, which is the one that works on GPUs):
 
 On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
 its rank holds another role (rebuilding an engine costs ~10 s), and onload still reloads its weights
-from storage, since the policy may have moved on. The train role's offload really frees its state.
+from storage, since the policy may have moved on. Likewise the trainer stays allocated on CPU (freeing
+host memory only to fault it back in costs more than the copy) and its onload, when the train group is
+unchanged, copies the stored state into it; a changed group builds a new one.
 
 `apply` is collective: every rank passes the same assignment. Writing the train state and making the
 new train group involve every rank, so a train rank that stays while the group changes is resharded
@@ -46,6 +48,7 @@ class RoleContext:
         self.engines = {"rollout": rollout_engine, "genrm": genrm_engine}
         self.train_state, self.make_trainer = train_state, make_trainer
         self.groups, self.rng = {}, {}
+        self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
         train = train_ranks(self.roles)
         group = self._group(train) if train else None
         self.trainer = make_trainer(group) if self.role == "train" else None
@@ -88,8 +91,11 @@ class RoleContext:
 
     def _offload(self, role: str) -> None:
         self.rng[role] = get_rng_state()
-        if role == "train":
-            self.trainer.close()  # its state is in storage already: apply saved it
+        if role == "train":  # its state is in storage already: apply saved it
+            if self.d.device.type == "cpu":
+                self.parked = self.trainer
+            else:
+                self.trainer.close()
             self.trainer = None
         else:
             self.engines[role].sleep()
@@ -97,7 +103,12 @@ class RoleContext:
     def _onload(self, role: str, group) -> int:
         """Loads `role`'s context; returns the bytes read from storage."""
         if role == "train":
-            self.trainer = self.make_trainer(group)
+            if self.parked is not None and self.parked.group is group:
+                self.trainer = self.parked
+                self.trainer.reload()
+            else:
+                self.trainer = self.make_trainer(group)
+            self.parked = None
             return sum(rows.numel() * rows.element_size() for _, rows, _ in self.trainer.state_rows())
         engine = self.engines[role]
         engine.wake_weights()
