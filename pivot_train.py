@@ -30,7 +30,7 @@ from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
 from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
-from storage import ParameterStorage
+from storage import ParameterStorage, TrainState
 from tasks.dataset import DataError, load_jsonl, step_prompts
 
 HERE = Path(__file__).resolve().parent
@@ -126,7 +126,8 @@ def main(argv=None):
     for record in train_set + eval_set:
         record["prompt_ids"] = policy_tok(record["prompt"]).input_ids
 
-    trainer = PolicyTrainer(args.policy, d.tensors, d.device, lr=args.lr, weight_decay=args.weight_decay,
+    train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0)
+    trainer = PolicyTrainer(train_state, d.tensors, d.device, lr=args.lr, weight_decay=args.weight_decay,
                             grad_clip=args.grad_clip, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
                             temperature=args.temperature, micro_batch=args.micro_batch)
     storage = ParameterStorage(d, "policy", trainer.weight_shapes())
@@ -163,6 +164,7 @@ def main(argv=None):
 
     timeline.draw()
     storage.close()
+    train_state.close()
     del engines, rollout_engine, genrm  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed()
@@ -195,7 +197,7 @@ def train_step(trainer: PolicyTrainer, samples: list[Sample], args) -> dict:
 
 
 def publish_weights(trainer: PolicyTrainer, storage: ParameterStorage, engine: RolloutEngine, version: int):
-    storage.publish(trainer.full_weights(), version)
+    storage.publish_shards(trainer.weight_rows(), version)
     engine.load_weights(storage.named_tensors())
 
 

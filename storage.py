@@ -1,11 +1,17 @@
-"""Global Parameter Storage: the one place every role loads model weights from.
+"""Global Parameter Storage: the one place every role loads its weights and training state from.
 
-Per node, each model has one flat buffer in host shared memory (/dev/shm) holding its latest published
-version. The trainer publishes a version once per step; every local rank's engine then loads its
-weights from views into that buffer, so a node keeps one copy however many ranks it runs. Every node
-holds its own replica, written by its local rank 0. The file is unlinked as soon as every local rank
-has mapped it, so nothing is left behind in /dev/shm, even by a run that crashes.
+Per node, each stored thing (the policy's published weights, the GenRM's weights, the policy's training
+state) is one flat buffer in host shared memory (/dev/shm) holding its latest version, so a node keeps
+one copy however many ranks it runs. Every node holds its own replica. The file is unlinked as soon as
+every local rank has mapped it, so nothing is left behind in /dev/shm, even by a run that crashes.
+
+Everything is stored full-shaped, never per rank: an FSDP2 rank writes and reads the rows of dim 0 that
+its Shard(0) holds (`shard_rows`) for whatever group it is in, so a train group that shrinks or grows
+loads the same state it left. On CUDA nodes the buffers are pinned (page-locked) for fast host-device
+copies, and `share_on_device` keeps one device-resident copy per node that the other local ranks map
+through CUDA IPC handles.
 """
+import glob
 import os
 import time
 import uuid
@@ -41,8 +47,15 @@ def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple
     return slots, offset
 
 
+def shard_rows(rows: int, index: int, count: int) -> tuple[int, int]:
+    """Rows [start, stop) of dim 0 held by shard `index` of `count` under FSDP2's Shard(0), which splits
+    like torch.chunk: ceil-sized chunks, so the last shards may be shorter or empty."""
+    size = -(-rows // count)
+    return min(index * size, rows), min((index + 1) * size, rows)
+
+
 class ParameterStorage:
-    """One model's published weights, shared by the local ranks of a node."""
+    """Named full-shaped tensors in one buffer per node, mapped by every local rank."""
 
     def __init__(self, d: Dist, model: str, shapes: list[tuple[str, tuple[int, ...], torch.dtype]]):
         self.d = d
@@ -59,12 +72,23 @@ class ParameterStorage:
         # Every local rank has mapped the buffer: the name can go, so a crashed run leaks nothing.
         if d.local_rank == 0:
             os.unlink(self.path)
+        dist.barrier(group=d.control)  # so the name is gone on every rank once this returns
+        if torch.cuda.is_available():
+            # Page-locked, so host<->device copies run by DMA at full link speed.
+            torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.nbytes, 0))
         self._version = self.buffer[:8].view(torch.int64)
-        self.views = {s.name: self._view(s) for s in self.slots}
-        self.last_publish = {}
+        self.views = {s.name: self._view(self.buffer, s) for s in self.slots}
+        self.device_buffer, self.device_views = None, {}
+        # Each node's writer (local rank 0) joins the others to replicate a sharded publish across
+        # nodes; new_group is collective, so every rank takes part in making it.
+        nodes = d.world_size // d.local_world_size
+        self.writers = (dist.new_group([n * d.local_world_size for n in range(nodes)], backend="gloo")
+                        if nodes > 1 else None)
+        self.last_publish, self.last_load = {}, {}
 
-    def _view(self, slot: Slot) -> torch.Tensor:
-        return self.buffer[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
+    @staticmethod
+    def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
+        return buffer[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
 
     @property
     def version(self) -> int:
@@ -81,18 +105,168 @@ class ParameterStorage:
             if self.d.local_rank == 0:
                 self.views[name].copy_(tensor)
                 moved += tensor.numel() * tensor.element_size()
-        if self.d.local_rank == 0:
-            self._version.fill_(version)
-        dist.barrier(group=self.d.control)
+        self._finish(version)
         self.last_publish = {"version": version, "bytes": moved, "seconds": time.perf_counter() - start}
 
+    def publish_shards(self, named_rows, version: int) -> None:
+        """Collective over all ranks: each rank writes the rows it holds, `(name, rows, first_row)`
+        (ranks that hold nothing pass an empty list), and every row of every slot must be written by
+        exactly one rank in the world. The highest version any rank passes becomes the stored one.
+
+        On one node the ranks write straight into the shared buffer: no gather, no extra copy. Across
+        nodes each node's writer zeroes its replica first and the writers then sum their replicas
+        bitwise (as int32, so x + 0 is x exactly, whatever the dtype)."""
+        start, moved = time.perf_counter(), 0
+        dist.barrier(group=self.d.control)
+        if self.writers is not None:
+            if self.d.local_rank == 0:
+                self.buffer[_HEADER:].zero_()
+            dist.barrier(group=self.d.control)
+        for name, rows, first in named_rows:
+            self.views[name][first:first + rows.shape[0]].copy_(rows)
+            moved += rows.numel() * rows.element_size()
+        latest = torch.tensor([version])
+        dist.all_reduce(latest, op=dist.ReduceOp.MAX, group=self.d.control)
+        if self.writers is not None:
+            dist.barrier(group=self.d.control)
+            if self.d.local_rank == 0:
+                dist.all_reduce(self.buffer[_HEADER:].view(torch.int32), group=self.writers)
+        self._finish(int(latest.item()))
+        self.last_publish = {"version": int(latest.item()), "bytes": moved,
+                             "seconds": time.perf_counter() - start}
+
+    def _finish(self, version: int) -> None:
+        if self.d.local_rank == 0:
+            self._version.fill_(version)
+            if self.device_buffer is not None:
+                self.device_buffer.copy_(self.buffer, non_blocking=True)
+                torch.cuda.synchronize()
+        dist.barrier(group=self.d.control)
+
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """Zero-copy views of the published version, in layout order."""
-        return [(s.name, self.views[s.name]) for s in self.slots]
+        """Zero-copy views of the published version, in layout order: the device copy's when there is
+        one (engines then load device to device), else the host buffer's."""
+        views = self.device_views or self.views
+        return [(s.name, views[s.name]) for s in self.slots]
+
+    def load_into(self, engine) -> dict:
+        """Loads the published version into a vLLM engine (`roles.engine.Engine`); returns bytes and
+        seconds. On CPU, vLLM repacks every linear weight for oneDNN as it loads: that, not the copy
+        out of storage, is most of the time."""
+        start = time.perf_counter()
+        engine.load_weights(self.named_tensors())
+        self.last_load = {"version": self.version, "bytes": self.nbytes - _HEADER,
+                          "seconds": time.perf_counter() - start}
+        return self.last_load
+
+    def share_on_device(self) -> None:
+        """Collective, CUDA only: one device-resident copy per node on local rank 0's device, which the
+        other local ranks map through CUDA IPC; it follows every later publish."""
+        handle = None
+        if self.d.local_rank == 0:
+            self.device_buffer = self.buffer.to(self.d.device)
+            handle = export_cuda(self.device_buffer)
+        handles = [None] * self.d.world_size
+        dist.all_gather_object(handles, handle, group=self.d.control)
+        if self.d.local_rank != 0:
+            self.device_buffer = import_cuda(handles[self.d.node * self.d.local_world_size])
+        self.device_views = {s.name: self._view(self.device_buffer, s) for s in self.slots}
+        dist.barrier(group=self.d.control)
 
     def close(self) -> None:
         """Drops this rank's mapping; the memory is freed when the node's last rank lets go."""
+        if self.buffer is not None and torch.cuda.is_available():
+            torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr()))
         self.views, self.buffer, self._version = {}, None, None
+        self.device_views, self.device_buffer = {}, None
+
+
+def export_cuda(tensor: torch.Tensor):
+    """A picklable CUDA IPC handle to `tensor`'s memory; the exporter must keep `tensor` alive."""
+    from torch.multiprocessing.reductions import reduce_tensor
+    return reduce_tensor(tensor)
+
+
+def import_cuda(handle) -> torch.Tensor:
+    """The tensor another process exported, mapped into this one (no copy)."""
+    rebuild, args = handle
+    return rebuild(*args)
+
+
+def checkpoint_storage(d: Dist, model: str, model_dir: str, dtype: torch.dtype) -> ParameterStorage:
+    """A storage holding a Hugging Face checkpoint's weights as version 0 (a frozen GenRM, for one).
+    Every rank reads the names and shapes; each node's writer reads the tensors."""
+    from safetensors import safe_open
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+    shapes = []
+    for path in files:
+        with safe_open(path, "pt") as f:
+            shapes += [(name, tuple(f.get_slice(name).get_shape()), dtype) for name in f.keys()]
+    storage = ParameterStorage(d, model, shapes)
+    storage.publish(_read_checkpoint(files) if d.local_rank == 0 else [], version=0)
+    return storage
+
+
+def _read_checkpoint(files):
+    from safetensors import safe_open
+    for path in files:
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+class TrainState:
+    """The policy's FSDP training state, full-shaped in storage, so a train group of any size loads
+    its own rows: fp32 master weights and AdamW's exp_avg and exp_avg_sq per parameter, and the step.
+
+    Version 0 is the checkpoint with zero moments, which is exactly a fresh AdamW's state. The frozen
+    part (model buffers such as rotary frequencies, which a module built on the meta device lacks, and
+    the reference policy when a KL term needs one) is a second storage, written once."""
+
+    FIELDS = ("master", "exp_avg", "exp_avg_sq")
+
+    def __init__(self, d: Dist, policy_dir: str, keep_reference: bool):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        self.config = AutoConfig.from_pretrained(policy_dir)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+        self.params = [(name, tuple(p.shape)) for name, p in skeleton.named_parameters()]
+        f32 = torch.float32
+        self.state = ParameterStorage(d, "policy-train", [(f"{field}/{name}", shape, f32)
+                                                         for field in self.FIELDS for name, shape in self.params]
+                                      + [("step", (1,), f32)])
+        self.frozen = ParameterStorage(d, "policy-frozen",
+                                       [(f"buffer/{n}", tuple(b.shape), b.dtype) for n, b in skeleton.named_buffers()]
+                                       + [(f"reference/{n}", s, f32) for n, s in self.params if keep_reference])
+        initial = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=f32) if d.local_rank == 0 else None
+        weights = [] if initial is None else [(n, p.detach()) for n, p in initial.named_parameters()]
+        self.state.publish([(f"master/{n}", w) for n, w in weights], version=0)
+        self.frozen.publish([(f"buffer/{n}", b) for n, b in ([] if initial is None else initial.named_buffers())]
+                            + [(f"reference/{n}", w) for n, w in weights if keep_reference], version=0)
+
+    def view(self, name: str) -> torch.Tensor:
+        return self.state.views[name] if name in self.state.views else self.frozen.views[name]
+
+    def weight_shapes(self, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """The layout of the policy's published weights, in `dtype`."""
+        return [(name, shape, dtype) for name, shape in self.params]
+
+    def save(self, trainer) -> None:
+        """Collective over all ranks: each train rank writes its rows (`PolicyTrainer.state_rows`);
+        ranks outside the train group pass None."""
+        self.state.publish_shards([] if trainer is None else trainer.state_rows(),
+                                  -1 if trainer is None else trainer.steps)
+
+    def publish_weights(self, policy: ParameterStorage, version: int) -> None:
+        """Collective: publishes the stored master weights, cast to the policy storage's dtype."""
+        named = [(n, self.view(f"master/{n}")) for n, _ in self.params] if self.state.d.local_rank == 0 else []
+        policy.publish(named, version)
+
+    def close(self) -> None:
+        self.state.close()
+        self.frozen.close()
 
 
 def _numel(shape) -> int:

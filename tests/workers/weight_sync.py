@@ -11,13 +11,13 @@ from roles.engine import Request
 from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages, grpo_loss_sum, pack, token_logprobs
 from runtime import init_distributed, shutdown_distributed
-from storage import ParameterStorage
+from storage import ParameterStorage, TrainState
 
 policy, out = sys.argv[1], sys.argv[2]
 d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy)
 hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0)
-trainer = PolicyTrainer(policy, d.tensors, d.device, micro_batch=2, **hyper)
+trainer = PolicyTrainer(TrainState(d, policy, keep_reference=False), d.tensors, d.device, micro_batch=2, **hyper)
 storage = ParameterStorage(d, "policy", trainer.weight_shapes())
 engine = RolloutEngine(policy, tok, seed=0, max_model_len=128, kv_cache_bytes=32 << 20)
 

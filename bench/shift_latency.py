@@ -1,0 +1,135 @@
+"""Shift latency on CPU: every ordered pair of roles (rollout, genrm, train), timed stage by stage, for
+the built-in models and for a ~100M-parameter Qwen2 made from a config, each set against this
+machine's memcpy rate for the same bytes, measured in the same run and thread setting.
+
+    python bench/shift_latency.py [--policy DIR --genrm DIR] [--repeats 3] [--json PATH]
+
+One process (a world of one): a shift's cost is per rank. Onload rates:
+  onload_ratio         storage -> the train role (fp32 master rows and AdamW moments copied into the
+                       rank's trainer, kept allocated on CPU), bytes per second over memcpy's; the
+                       first arrival builds the trainer instead (FSDP2 on meta, then the same copy):
+                       first_train_onload_s
+  engine_onload_ratio  storage -> a vLLM engine (reload_weights), over memcpy's; on CPU vLLM repacks
+                       every linear weight for oneDNN as it loads, which is most of this time
+"""
+import os
+
+# Before torch allocates anything: large host tensors on 2 MiB transparent huge pages. An onload fills
+# freshly allocated memory, and on 4 KiB pages the page faults, not the copy, set its speed (here
+# about 1 GB/s against memcpy's ~16).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from roles.engine import Engine  # noqa: E402
+from roles.trainer import PolicyTrainer  # noqa: E402
+from runtime import init_distributed  # noqa: E402
+from shifting.context import STAGES, RoleContext  # noqa: E402
+from storage import ParameterStorage, TrainState, checkpoint_storage  # noqa: E402
+from tinymodel import make_model  # noqa: E402
+
+# Through every ordered pair once: r->t, t->r, r->g, g->t, t->g, g->r.
+PATH = ["train", "rollout", "genrm", "train", "genrm", "rollout"]
+HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=8)
+
+
+def memcpy_rate(nbytes: int, repeats: int) -> float:
+    """Bytes per second of a warm copy of `nbytes` between two host buffers (best of `repeats`)."""
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+    dst.copy_(src)  # first touch of every page, outside the timing
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def measure(d, name: str, policy_dir: str, genrm_dir: str, repeats: int, kv_bytes: int) -> tuple[dict, RoleContext]:
+    """The set's figures, and its context: the caller keeps it (and so its engines) alive, since an
+    engine going away tears down the default process group."""
+    state = TrainState(d, policy_dir, keep_reference=False)
+    policy = ParameterStorage(d, f"{name}-policy", state.weight_shapes(torch.float32))
+    state.publish_weights(policy, version=0)
+    genrm = checkpoint_storage(d, f"{name}-genrm", genrm_dir, torch.float32)
+    engines = {role: Engine(path, seed=0, max_model_len=256, kv_cache_bytes=kv_bytes)
+               for role, path in (("rollout", policy_dir), ("genrm", genrm_dir))}
+    ctx = RoleContext(d, ["rollout"], policy=policy, genrm=genrm, train_state=state,
+                      rollout_engine=engines["rollout"], genrm_engine=engines["genrm"],
+                      make_trainer=lambda group: PolicyTrainer(state, group, d.device, **HYPER))
+    records = [r for _ in range(repeats) for role in PATH for r in ctx.apply([role])]
+    pairs = {}
+    for r in records:
+        pairs.setdefault(f"{r['from']}->{r['to']}", []).append(r)
+    summary = {pair: {key: statistics.median(r[key] for r in rs) for key in ("seconds", *STAGES, "bytes")}
+               for pair, rs in pairs.items()}
+    weight_bytes = policy.nbytes
+    rate = memcpy_rate(weight_bytes, repeats=5)
+    train_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->train"))
+    engine_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->rollout"))
+    first_build = next(r["onload"] for r in records if r["to"] == "train")
+    return {"params": sum(_numel(shape) for _, shape in state.params), "weight_bytes": weight_bytes,
+            "threads": torch.get_num_threads(), "memcpy_GBps": rate / 1e9,
+            "onload_GBps": train_rate / 1e9, "onload_ratio": train_rate / rate, "first_train_onload_s": first_build,
+            "engine_onload_GBps": engine_rate / 1e9, "engine_onload_ratio": engine_rate / rate,
+            "pairs": summary}, ctx
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def print_table(results: dict) -> None:
+    for name, r in results.items():
+        print(f"\n{name}: {r['params'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights, "
+              f"memcpy {r['memcpy_GBps']:.2f} GB/s ({r['threads']} thread(s))")
+        print(f"  storage -> train onload {r['onload_GBps']:.2f} GB/s = {r['onload_ratio']:.2f} x memcpy "
+              f"(first arrival, building the trainer: {r['first_train_onload_s']:.2f} s); "
+              f"storage -> vLLM engine {r['engine_onload_GBps']:.2f} GB/s = {r['engine_onload_ratio']:.2f} x memcpy")
+        print(f"  {'shift':<18}{'total s':>9}" + "".join(f"{s:>9}" for s in STAGES) + f"{'MiB':>9}")
+        for pair, s in sorted(r["pairs"].items()):
+            print(f"  {pair:<18}{s['seconds']:>9.3f}" + "".join(f"{s[k]:>9.3f}" for k in STAGES)
+                  + f"{s['bytes'] / 2**20:>9.1f}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--policy", default=str(ROOT / "models/arith-policy"))
+    p.add_argument("--genrm", default=str(ROOT / "models/arith-genrm"))
+    p.add_argument("--repeats", type=int, default=3, help="passes through every shift pair")
+    p.add_argument("--kv-cache-mb", type=int, default=32)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    d = init_distributed()
+    results, contexts = {}, []
+    if (Path(args.policy) / "config.json").is_file() and (Path(args.genrm) / "config.json").is_file():
+        results["built-in"], ctx = measure(d, "builtin", args.policy, args.genrm, args.repeats, args.kv_cache_mb << 20)
+        contexts.append(ctx)
+    else:
+        print(f"skipping the built-in models: no config.json in {args.policy} or {args.genrm}")
+    with tempfile.TemporaryDirectory() as tmp:
+        # ~100M parameters; the judge is a second engine on the same weights.
+        make_model(tmp, hidden=768, layers=8, intermediate=3072, vocab=32000)
+        results["qwen2-100m"], ctx = measure(d, "m100", tmp, tmp, args.repeats, args.kv_cache_mb << 20)
+        contexts.append(ctx)
+    print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

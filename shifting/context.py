@@ -1,0 +1,148 @@
+"""The unified role context: one mechanism moves a rank from any role (rollout, genrm, train) to any
+other, and reshards the train group when its membership changes.
+
+A shift of a rank from role A to role B always runs these stages, in this order (verl's order for a
+rollout/trainer switch, which is the one that works on GPUs):
+
+  1. drain    A's engine must hold no in-flight sequence (the scheduler migrates them first); its cached
+              KV blocks are freed.
+  2. offload  A's context goes: an engine discards its weights and KV cache (vLLM sleep, level 2: the
+              storage holds the weights); the train role writes its master shards and AdamW moments to
+              storage and frees its module and optimizer (on GPU). A's RNG state is kept for its return.
+  3. onload   B's context comes from storage: an engine wakes its weights, loads the latest published
+              version, then wakes its KV cache (so the cache's memory is claimed after the weights');
+              the train role builds its FSDP2 module over the new train group and loads its rows.
+  4. ready    B's RNG state is restored.
+
+On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
+its rank holds another role (rebuilding an engine costs ~10 s), and onload still reloads its weights
+from storage, since the policy may have moved on. Likewise the trainer stays allocated on CPU (freeing
+host memory only to fault it back in costs more than the copy) and its onload, when the train group is
+unchanged, copies the stored state into it; a changed group builds a new one.
+
+`apply` is collective: every rank passes the same assignment. Writing the train state and making the
+new train group involve every rank, so a train rank that stays while the group changes is resharded
+too, and reported as a train -> train shift.
+"""
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from runtime import Dist
+
+ROLES = ("rollout", "genrm", "train")
+STAGES = ("drain", "offload", "onload", "ready")
+
+
+class RoleContext:
+    """This rank's role and what it holds for it: the two engines (kept, see above) and, while it
+    trains, the trainer. `make_trainer(group)` builds a trainer from the training state in storage."""
+
+    def __init__(self, d: Dist, roles: list[str], *, policy, genrm, train_state, rollout_engine,
+                 genrm_engine, make_trainer):
+        assert len(roles) == d.world_size and set(roles) <= set(ROLES), roles
+        self.d, self.roles = d, list(roles)
+        self.storage = {"rollout": policy, "genrm": genrm}
+        self.engines = {"rollout": rollout_engine, "genrm": genrm_engine}
+        self.train_state, self.make_trainer = train_state, make_trainer
+        self.groups, self.rng = {}, {}
+        self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
+        train = train_ranks(self.roles)
+        group = self._group(train) if train else None
+        self.trainer = make_trainer(group) if self.role == "train" else None
+
+    @property
+    def role(self) -> str:
+        return self.roles[self.d.rank]
+
+    def apply(self, roles: list[str]) -> list[dict]:
+        """Collective: moves every rank to its role in `roles`; returns each shifted rank's record
+        {rank, from, to, seconds, drain, offload, onload, ready, bytes}, the same on every rank."""
+        assert len(roles) == self.d.world_size and set(roles) <= set(ROLES), roles
+        old, new = self.role, roles[self.d.rank]
+        regroup = train_ranks(roles) != train_ranks(self.roles)
+        moving = old != new or (regroup and new == "train")
+        seconds, moved = {}, 0
+        with stage(seconds, "drain"):
+            if moving and old != "train":
+                self.engines[old].drain()
+        with stage(seconds, "offload"):
+            if regroup:  # every rank takes part; the train ranks write their rows
+                self.train_state.save(self.trainer)
+            if moving:
+                self._offload(old)
+        with stage(seconds, "onload"):
+            group = self._group(train_ranks(roles)) if regroup and "train" in roles else None
+            if moving:
+                moved = self._onload(new, group)
+        with stage(seconds, "ready"):
+            if moving and new in self.rng:
+                set_rng_state(self.rng.pop(new))
+        self.roles = list(roles)
+        record = None
+        if moving:
+            record = {"rank": self.d.rank, "from": old, "to": new, "seconds": sum(seconds.values()),
+                      **seconds, "bytes": moved}
+        records = [None] * self.d.world_size
+        dist.all_gather_object(records, record, group=self.d.control)
+        return [r for r in records if r is not None]
+
+    def _offload(self, role: str) -> None:
+        self.rng[role] = get_rng_state()
+        if role == "train":  # its state is in storage already: apply saved it
+            if self.d.device.type == "cpu":
+                self.parked = self.trainer
+            else:
+                self.trainer.close()
+            self.trainer = None
+        else:
+            self.engines[role].sleep()
+
+    def _onload(self, role: str, group) -> int:
+        """Loads `role`'s context; returns the bytes read from storage."""
+        if role == "train":
+            if self.parked is not None and self.parked.group is group:
+                self.trainer = self.parked
+                self.trainer.reload()
+            else:
+                self.trainer = self.make_trainer(group)
+            self.parked = None
+            return sum(rows.numel() * rows.element_size() for _, rows, _ in self.trainer.state_rows())
+        engine = self.engines[role]
+        engine.wake_weights()
+        loaded = self.storage[role].load_into(engine)
+        engine.wake_kv_cache()
+        return loaded["bytes"]
+
+    def _group(self, ranks: list[int]):
+        """The process group of `ranks`, made once; collective, so every rank asks in the same order."""
+        if len(ranks) == self.d.world_size:
+            return self.d.tensors
+        key = tuple(ranks)
+        if key not in self.groups:
+            self.groups[key] = dist.new_group(list(ranks))
+        return self.groups[key]
+
+
+def get_rng_state():
+    return torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+
+
+def set_rng_state(state) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
+
+
+def train_ranks(roles: list[str]) -> list[int]:
+    return [rank for rank, role in enumerate(roles) if role == "train"]
+
+
+@contextmanager
+def stage(seconds: dict, name: str):
+    start = time.perf_counter()
+    yield
+    seconds[name] = time.perf_counter() - start
