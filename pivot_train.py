@@ -29,8 +29,9 @@ from roles.genrm import PARSE_RULES, GenRM, parse_verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
+from shifting.context import RoleContext
 from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
-from storage import ParameterStorage, TrainState
+from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import DataError, load_jsonl, step_prompts
 
 HERE = Path(__file__).resolve().parent
@@ -126,21 +127,25 @@ def main(argv=None):
     for record in train_set + eval_set:
         record["prompt_ids"] = policy_tok(record["prompt"]).input_ids
 
+    on_gpu = d.device.type == "cuda"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
     train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0)
-    trainer = PolicyTrainer(train_state, d.tensors, d.device, lr=args.lr, weight_decay=args.weight_decay,
-                            grad_clip=args.grad_clip, clip_eps=args.clip_eps, kl_coef=args.kl_coef,
-                            temperature=args.temperature, micro_batch=args.micro_batch)
-    storage = ParameterStorage(d, "policy", trainer.weight_shapes())
+    storage = ParameterStorage(d, "policy", train_state.weight_shapes(dtype))
+    train_state.publish_weights(storage, version=0)
+    genrm_storage = checkpoint_storage(d, "genrm", args.genrm, dtype)
     kv = args.kv_cache_mb << 20
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=kv)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure)
-    engines = {"rollout": rollout_engine.engine, "genrm": genrm.engine}
+    hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
+                 kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
+    context = RoleContext(d, ["rollout"] * d.world_size, policy=storage, genrm=genrm_storage,
+                          train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
+                          make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper))
     plan = colocated_plan
     if args.force_shifts is not None:
         plan = lambda roles, queues, rng: forced_plan(roles, queues, rng, args.force_shift_rate)  # noqa: E731
-    publish_weights(trainer, storage, rollout_engine, version=0)
     timeline = Timeline(d, out)
 
     for step in range(args.steps + 1):
@@ -152,40 +157,41 @@ def main(argv=None):
             break
         start = time.perf_counter()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
-        samples, shifts, parse_failures = rollout_and_judge(d, engines, batch, rollout_engine, genrm, plan,
-                                                            step, timeline, args)
+        samples, generation, parse_failures = rollout_and_judge(d, context, batch, rollout_engine, genrm, plan,
+                                                                step, timeline, args)
+        shifts = generation.pop("shifts") + context.apply(["train"] * d.world_size)
         with timeline.busy(step, "train"):
-            stats = train_step(trainer, samples, args)
-            publish_weights(trainer, storage, rollout_engine, version=step + 1)
+            stats = train_step(context.trainer, samples, args)
+            publish_weights(context.trainer, storage, version=step + 1)
+        shifts += context.apply(["rollout"] * d.world_size)  # the rollout engines load the new version
         record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
-        record.update(shifts)
+        record.update(shifts=shifts, **generation)
         record.update(timeline.close_step(step))
         log_step(d, out, record)
 
     timeline.draw()
-    storage.close()
-    train_state.close()
-    del engines, rollout_engine, genrm  # the engines must go before the process group they use
+    for held in (storage, genrm_storage, train_state):
+        held.close()
+    del context, rollout_engine, genrm  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed()
 
 
-def rollout_and_judge(d: Dist, engines, batch, rollout_engine, genrm, plan, step, timeline, args):
+def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, plan, step, timeline, args):
     """The step's samples, scored, in (prompt, sample) order on every rank; the shifts and
     migrations it took; the judge's first-try parse failures."""
     queues = StepQueues(batch, rollout_engine, genrm, step=step, args=args) if d.rank == 0 else None
     with progress(d, len(batch) * args.group_size, f"step {step} rollout+judge") as bar:
-        samples, shifts, resume_s = generate(d, engines, queues, plan, capacity=args.max_seqs,
+        samples, shifts, resume_s = generate(d, context, queues, plan, capacity=args.max_seqs,
                                              seed=args.seed if args.force_shifts is None else args.force_shifts,
                                              step=step, timeline=timeline, progress=bar)
-    everyone = [None] * d.world_size
-    dist.all_gather_object(everyone, ([s.record() for s in shifts], resume_s), group=d.control)
-    failures = [queues.parse_failures if queues else 0]
-    dist.broadcast_object_list(failures, src=0, group=d.control)
-    return samples, {"shifts": [s for mine, _ in everyone for s in mine],
-                     "migrated_sequences": sum(s["migrated"] for mine, _ in everyone for s in mine),
+    resume = torch.tensor([resume_s])
+    dist.all_reduce(resume, group=d.control)
+    counts = [(queues.parse_failures, queues.migrated) if queues else None]
+    dist.broadcast_object_list(counts, src=0, group=d.control)
+    return samples, {"shifts": shifts, "migrated_sequences": counts[0][1],
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
-                     "migration_prefill_s": sum(r for _, r in everyone)}, failures[0]
+                     "migration_prefill_s": resume.item()}, counts[0][0]
 
 
 def train_step(trainer: PolicyTrainer, samples: list[Sample], args) -> dict:
@@ -196,9 +202,10 @@ def train_step(trainer: PolicyTrainer, samples: list[Sample], args) -> dict:
     return trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
 
 
-def publish_weights(trainer: PolicyTrainer, storage: ParameterStorage, engine: RolloutEngine, version: int):
+def publish_weights(trainer: PolicyTrainer, storage: ParameterStorage, version: int):
+    """The train ranks write their rows of the new weights into every node's storage; the rollout
+    engines load them when their ranks next take the rollout role."""
     storage.publish_shards(trainer.weight_rows(), version)
-    engine.load_weights(storage.named_tensors())
 
 
 def evaluate(d: Dist, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:

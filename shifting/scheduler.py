@@ -36,23 +36,10 @@ class Report:
 
 @dataclass
 class Orders:
-    role: str
-    work: list[Request] = field(default_factory=list)
+    roles: list[str]  # every rank's role from now on (the same on every rank)
+    work: list[Request] = field(default_factory=list)  # new requests for this rank
     done: bool = False
     error: str | None = None
-
-
-@dataclass
-class Shift:
-    rank: int
-    src: str
-    dst: str
-    seconds: float
-    migrated: int
-
-    def record(self) -> dict:
-        return {"rank": self.rank, "from": self.src, "to": self.dst, "seconds": self.seconds,
-                "migrated": self.migrated}
 
 
 class StepQueues:
@@ -69,9 +56,11 @@ class StepQueues:
         self.in_flight = {"rollout": 0, "genrm": 0}
         self.parse_failures = 0
         self.judge_runs = 0  # judge requests completed, retries excluded
+        self.migrated = 0  # sequences exported by a shift and queued again
 
     def ingest(self, reports: list[Report]) -> None:
         for report in reports:
+            self.migrated += len(report.exported)
             for request in report.exported:
                 # Migrated work goes first: it holds the oldest sequences of the step.
                 self.queue["rollout" if request.id.startswith("r/") else "genrm"].appendleft(request)
@@ -143,17 +132,17 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
     return roles
 
 
-def generate(d, engines: dict, queues: StepQueues | None, plan, *, capacity: int, seed: int, step: int,
-             timeline, progress=None) -> tuple[list[Sample], list[Shift], float]:
+def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed: int, step: int,
+             timeline, progress=None) -> tuple[list[Sample], list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
-    Returns the step's samples in (prompt, sample) order on every rank, this rank's shifts, and the
-    seconds this rank spent prefilling migrated sequences again."""
+    `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
+    shift. Returns the step's samples in (prompt, sample) order on every rank, the shifts (the same
+    list on every rank), and the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
-    roles = ["rollout"] * d.world_size  # rank 0's record of who holds what
-    role, report, shifts = None, Report(role="rollout"), []
+    report, shifts = Report(role=context.role), []
     plain_ticks, resumed_ticks = [], []  # engine-step seconds, without and with resumed prefills
     while True:
-        orders = _exchange(d, report, queues, plan, roles, rng, capacity)
+        orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity)
         if progress is not None and queues is not None:
             progress.update(len(queues.judged) - progress.n)
         if orders.error:
@@ -161,23 +150,22 @@ def generate(d, engines: dict, queues: StepQueues | None, plan, *, capacity: int
         if orders.done:
             break
         exported = []
-        if orders.role != role:
-            start = time.perf_counter()
-            exported = engines[role].export() if role in engines else []
-            if role is not None:
-                shifts.append(Shift(d.rank, role, orders.role, time.perf_counter() - start, len(exported)))
-            role = orders.role
-        engine = engines.get(role)
+        if orders.roles != context.roles:
+            engine = context.engines.get(context.role)
+            if orders.roles[d.rank] != context.role and engine is not None:
+                exported = engine.export()
+            shifts += context.apply(orders.roles)
+        engine = context.engines.get(context.role)
         if engine is not None and orders.work:
             engine.add(orders.work)
         finished = []
         if engine is not None and engine.in_flight():
             start = time.perf_counter()
-            with timeline.busy(step, role):
+            with timeline.busy(step, context.role):
                 finished = engine.step()
             resumed = any(r.generated for r in orders.work)
             (resumed_ticks if resumed else plain_ticks).append(time.perf_counter() - start)
-        report = Report(role, engine.in_flight() if engine else 0, finished, exported)
+        report = Report(context.role, engine.in_flight() if engine else 0, finished, exported)
     samples = [None]
     if d.rank == 0:
         samples = [queues.ordered_samples()]
@@ -210,11 +198,11 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity) 
     try:
         queues.ingest(reports)
     except Exception as e:  # a judge output under --on-parse-failure stop, or a broken invariant
-        return [Orders(role=r, error=f"step {queues.step}: {e}") for r in roles]
+        return [Orders(roles, error=f"step {queues.step}: {e}") for _ in roles]
     if queues.done():
-        return [Orders(role=r, done=True) for r in roles]
-    roles[:] = plan(roles, queues, rng)
+        return [Orders(roles, done=True) for _ in roles]
+    new = plan(roles, queues, rng)
     # A rank that changes role exports its in-flight requests this tick and takes new work next tick.
-    in_flight = [rep.in_flight if rep.role == roles[r] else capacity for r, rep in enumerate(reports)]
-    work = queues.dispatch(roles, capacity, in_flight)
-    return [Orders(role=roles[r], work=work[r]) for r in range(len(roles))]
+    in_flight = [rep.in_flight if rep.role == new[r] else capacity for r, rep in enumerate(reports)]
+    work = queues.dispatch(new, capacity, in_flight)
+    return [Orders(new, work=work[r]) for r in range(len(new))]

@@ -19,6 +19,8 @@ def test_forced_shifts_lose_and_repeat_nothing(tmp_path):
         assert trial["same_responses"]            # no token lost or repeated, moves or not
         assert trial["logprob_gap"] < 1e-4
         assert trial["same_critiques"]
+        if trial["shifts"]:
+            assert {"drain", "offload", "onload", "ready", "seconds", "from", "to", "rank"} <= set(trial["stages"])
     assert sum(t["migrated"] for t in r["trials"]) > 0
     assert sum(t["migrated"] > 0 for t in r["trials"]) >= TRIALS // 2
     # the same update with and without migrations

@@ -14,8 +14,9 @@ from roles.genrm import GenRM
 from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
+from shifting.context import RoleContext
 from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
-from storage import TrainState
+from storage import ParameterStorage, TrainState, checkpoint_storage
 
 policy, genrm_dir, template_path, trials, out = sys.argv[1:6]
 template, trials = open(template_path).read(), int(trials)
@@ -24,7 +25,14 @@ tok = AutoTokenizer.from_pretrained(policy)
 rollout = RolloutEngine(policy, tok, seed=0, max_model_len=256, kv_cache_bytes=16 << 20)
 genrm = GenRM(genrm_dir, AutoTokenizer.from_pretrained(genrm_dir), template, seed=0, max_model_len=256,
               kv_cache_bytes=16 << 20, max_tokens=96, on_parse_failure="fail")
-engines = {"rollout": rollout.engine, "genrm": genrm.engine}
+hyper = dict(lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=4)
+state = TrainState(d, policy, keep_reference=False)
+policy_storage = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
+state.publish_weights(policy_storage, version=0)
+context = RoleContext(d, ["rollout"] * d.world_size, policy=policy_storage,
+                      genrm=checkpoint_storage(d, "genrm", genrm_dir, torch.float32), train_state=state,
+                      rollout_engine=rollout.engine, genrm_engine=genrm.engine,
+                      make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper))
 prompts = [("347+85=", "432"), ("9999+1=", "10000"), ("5+5=", "10"), ("1234+4321=", "5555"), ("70+8=", "78")]
 batch = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r in prompts]
 args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_tokens=48)
@@ -38,15 +46,16 @@ class NoTimeline:
 
 def run(plan, capacity, seed):
     queues = StepQueues(batch, rollout, genrm, step=0, args=args) if d.rank == 0 else None
-    samples, shifts, _ = generate(d, engines, queues, plan, capacity=capacity, seed=seed, step=0, timeline=NoTimeline())
-    runs = [queues.judge_runs if queues else None]
-    torch.distributed.broadcast_object_list(runs, src=0)
-    return samples, shifts, runs[0]
+    samples, shifts, _ = generate(d, context, queues, plan, capacity=capacity, seed=seed, step=0,
+                                  timeline=NoTimeline())
+    counts = [(queues.judge_runs, queues.migrated) if queues else None]
+    torch.distributed.broadcast_object_list(counts, src=0)
+    context.apply(["rollout"] * d.world_size)  # the next trial starts where a step starts
+    return samples, shifts, *counts[0]
 
 
 def update(samples):
-    trainer = PolicyTrainer(TrainState(d, policy, keep_reference=False), d.tensors, d.device, lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2,
-                            kl_coef=0.0, temperature=1.0, micro_batch=4)
+    trainer = PolicyTrainer(TrainState(d, policy, keep_reference=False), d.tensors, d.device, **hyper)
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
@@ -54,28 +63,27 @@ def update(samples):
     return dict(trainer.full_weights())
 
 
-still, _, still_runs = run(colocated_plan, 64, 0)
+still, _, still_runs, _ = run(colocated_plan, 64, 0)
 results = {"reference_judge_runs": still_runs, "rewards": [s.reward for s in still], "trials": []}
 moved_samples = None
 for trial in range(trials):
     schedule = random.Random(trial)
     rate, capacity = schedule.choice([0.05, 0.2, 0.5]), schedule.choice([2, 5, 64])
-    samples, shifts, runs = run(lambda roles, q, rng, rate=rate: forced_plan(roles, q, rng, rate),
-                                capacity, 1000 + trial)
-    total = torch.tensor([sum(s.migrated for s in shifts)])
-    torch.distributed.all_reduce(total)
+    samples, shifts, runs, migrated = run(lambda roles, q, rng, rate=rate: forced_plan(roles, q, rng, rate),
+                                          capacity, 1000 + trial)
     results["trials"].append({
         "rate": rate, "capacity": capacity, "keys": [list(s.key) for s in samples], "judge_runs": runs,
         "same_responses": [s.response_ids for s in samples] == [s.response_ids for s in still],
         "logprob_gap": max(abs(a - b) for s, t in zip(samples, still) for a, b in zip(s.logprobs, t.logprobs)),
         "same_critiques": [s.critique for s in samples] == [s.critique for s in still],
-        "migrated": int(total.item()), "shifts": len(shifts)})
-    if moved_samples is None and total.item() > 0:
+        "migrated": migrated, "shifts": len(shifts),
+        "stages": sorted({k for shift in shifts for k in shift})})
+    if moved_samples is None and migrated > 0:
         moved_samples = samples
 
 still_weights, moved_weights = update(still), update(moved_samples)
 results["weight_gap"] = max(((moved_weights[n] - w).norm() / w.norm().clamp_min(1e-12)).item()
                             for n, w in still_weights.items())
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"))
-del engines, rollout, genrm
+del context, rollout, genrm
 shutdown_distributed()
