@@ -1,0 +1,378 @@
+"""The planner: which role each rank holds next, from what is left of the step, each role's measured
+speed and the measured cost of each kind of shift. Pure and deterministic: dataclasses in, moves out;
+no clocks, no torch.distributed, no engines, so tests and the simulator (sim/) run this same code.
+
+The model behind a decision (one step of synchronous GRPO, the three roles in a chain):
+  rollout  decode is memory-bound: an engine step costs a fixed read of the weights plus a term per
+           running sequence, and the step's rollout needs at least one engine step per token of its
+           longest sequence. So with k ranks it takes  max(longest, tokens / (k x max_seqs)) x fixed
+           + per_seq x tokens / k  (+ prefill): in the tail the first term dominates and does not
+           shrink with k; the ranks it keeps there are mostly paying the weights' read for a few
+           sequences. That is the time a move buys back.
+  genrm    judges responses as they finish; whatever its ranks have not judged when rollout ends,
+           they judge together with the rollout ranks, which come over then (paying the shift).
+  train    the update on judged groups: on every rank at the end of the step, and, when the caller
+           allows early training, on the train ranks as groups complete.
+`finish_seconds` predicts the step's remaining time from that chain. A move of m ranks from one role
+to another is taken only when the time it saves beats (1 + margin) x its cost (the shift, plus the
+prefill of the sequences it migrates), and a rank that moved stays for `dwell` x the cost of its next
+move (hysteresis against thrash, as planner-anchors.md advises).
+"""
+import math
+from dataclasses import dataclass, replace
+
+ROLES = ("rollout", "genrm", "train")
+
+
+@dataclass(frozen=True)
+class Rank:
+    role: str
+    in_flight_tokens: int = 0  # prompt + generated tokens of its running sequences: what a move prefills again
+    since_shift_s: float = math.inf  # seconds since it last changed role
+
+
+@dataclass(frozen=True)
+class Work:
+    """What is left of one step. Token counts are expectations (see LengthEstimate)."""
+    rollout_seqs: int = 0  # sequences not finished, queued or running
+    rollout_tokens: float = 0.0  # tokens they still have to decode
+    rollout_longest: float = 0.0  # tokens the longest of them still has to decode: the tail
+    rollout_prefill: float = 0.0  # prompt tokens of queued sequences
+    judge_seqs: int = 0  # responses waiting for the judge or being judged
+    judge_tokens: float = 0.0  # critique tokens still to write for them
+    judge_longest: float = 0.0  # critique tokens the longest of them still has to write
+    judge_prefill: float = 0.0  # judge-prompt tokens of the waiting ones
+    critique_tokens: float = 0.0  # expected critique of each response still to come
+    judge_prompt_tokens: float = 0.0  # expected judge prompt (prompt + response) of each one to come
+    train_ready: float = 0.0  # tokens of complete, judged groups not yet trained on
+    train_tokens: float = 0.0  # tokens the step's update still has to process, ready or to come
+
+
+@dataclass(frozen=True)
+class EngineSpeed:
+    """One rank's engine: seconds per engine step = step_s + per_seq_s x running sequences."""
+    step_s: float
+    per_seq_s: float
+    prefill_per_s: float  # prefill tokens per second
+    max_seqs: int  # sequences one engine runs at once
+
+
+@dataclass(frozen=True)
+class Speeds:
+    rollout: EngineSpeed
+    genrm: EngineSpeed
+    train_per_s: float  # tokens per second per train rank, forward and backward
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    margin: float = 0.5  # a move must save (1 + margin) x its cost
+    dwell: float = 2.0  # after a move a rank stays dwell x the cost of its next move
+    early_train: bool = False  # may ranks train on complete groups while the step still rolls out and judges
+    min_train_ranks: int = 1  # the fewest ranks that can hold the policy's training state
+
+
+@dataclass(frozen=True)
+class Move:
+    rank: int
+    src: str
+    dst: str
+
+
+def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, str], float],
+         config: PlannerConfig = PlannerConfig()) -> list[Move]:
+    """The moves to make now; none when nothing pays. `costs[(a, b)]` is the measured seconds of a
+    shift from a to b. Every role with work it can do now keeps or gets a rank, cost or not."""
+    ranks, moves = list(ranks), []
+    for role in _starved(ranks, work):
+        moves.append(_give_rank(ranks, work, role))
+        ranks[moves[-1].rank] = replace(ranks[moves[-1].rank], role=role, since_shift_s=0.0)
+    # Each pass moves ranks that then may not move again (dwell), so this ends.
+    while (best := _best_move(ranks, work, speeds, costs, config)) is not None:
+        moving, dst = best
+        for rank in moving:
+            moves.append(Move(rank, ranks[rank].role, dst))
+            ranks[rank] = replace(ranks[rank], role=dst, since_shift_s=0.0, in_flight_tokens=0)
+    return moves
+
+
+def apply_moves(roles: list[str], moves: list[Move]) -> list[str]:
+    roles = list(roles)
+    for move in moves:
+        assert roles[move.rank] == move.src, (move, roles)
+        roles[move.rank] = move.dst
+    return roles
+
+
+def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: dict[tuple[str, str], float],
+                   early_train: bool = False) -> float:
+    """Predicted seconds until the step's update is done with `counts` ranks per role now, if rollout
+    ranks join the judge when rollout ends and every rank trains once judging ends."""
+    r, g, t = counts.get("rollout", 0), counts.get("genrm", 0), counts.get("train", 0) if early_train else 0
+    n = sum(counts.values())
+    rollout = engine_seconds(speeds.rollout, r, work.rollout_seqs, work.rollout_tokens, work.rollout_longest,
+                             work.rollout_prefill)
+    judge = rollout
+    seqs, tokens, prefill = _judge_work(work)
+    if seqs:
+        need = engine_seconds(speeds.genrm, 1, seqs, tokens, 0.0, prefill)  # rank-seconds at full batch
+        left = need - min(need, g * rollout)
+        joining = n - t - g if work.rollout_seqs else 0
+        if g + joining == 0:
+            return math.inf
+        last = _one_critique(speeds.genrm, work.critique_tokens) if work.rollout_seqs else 0.0
+        longest = _one_critique(speeds.genrm, work.judge_longest) + (0.0 if g else rollout)
+        judge = max(rollout + last, longest,
+                    rollout + (left + joining * costs[("rollout", "genrm")]) / (g + joining))
+    need = work.train_tokens / speeds.train_per_s
+    left = need - min(need, t * judge)
+    to_train = costs[("genrm", "train")] * (n - t)
+    return judge + (left + to_train) / n
+
+
+def engine_seconds(speed: EngineSpeed, k: int, seqs: int, tokens: float, longest: float, prefill: float) -> float:
+    """Seconds for k engines to finish `seqs` sequences that still hold `tokens` decode tokens, the
+    longest `longest`, balanced over the engines: one engine step per token of the longest (more while
+    the queue overfills the engines), each step the fixed read plus its running sequences."""
+    if seqs == 0:
+        return 0.0
+    if k == 0:
+        return math.inf
+    steps = max(longest, tokens / (k * speed.max_seqs))
+    return steps * speed.step_s + speed.per_seq_s * tokens / k + prefill / (k * speed.prefill_per_s)
+
+
+def _one_critique(speed: EngineSpeed, tokens: float) -> float:
+    return engine_seconds(speed, 1, 1, tokens, tokens, 0.0) if tokens else 0.0
+
+
+def _judge_work(work: Work) -> tuple[int, float, float]:
+    """The judge's sequences, critique tokens and prefill tokens: those waiting and those to come."""
+    return (work.judge_seqs + work.rollout_seqs,
+            work.judge_tokens + work.rollout_seqs * work.critique_tokens,
+            work.judge_prefill + work.rollout_seqs * work.judge_prompt_tokens)
+
+
+def _has_work(role: str, work: Work) -> bool:
+    """Work the role can do now (judge work to come does not count: rollout ranks take it later)."""
+    return {"rollout": work.rollout_seqs > 0, "genrm": work.judge_seqs > 0, "train": False}[role]
+
+
+def _starved(ranks: list[Rank], work: Work) -> list[str]:
+    held = {r.role for r in ranks}
+    return [role for role in ROLES if _has_work(role, work) and role not in held]
+
+
+def _give_rank(ranks: list[Rank], work: Work, role: str) -> Move:
+    """A rank for a role that has none: from a role with nothing to do now if there is one, else from the
+    role with the most ranks; the rank with the fewest tokens in flight, then the lowest index."""
+    counts = _counts(ranks)
+    donors = [r for r in ROLES if counts[r] and not _has_work(r, work)] or \
+             [max((r for r in ROLES if counts[r] > 1), key=lambda r: counts[r], default=None)]
+    if donors == [None]:
+        raise ValueError(f"{len(ranks)} rank(s) cannot serve every role with work at once")
+    rank = min((i for i, r in enumerate(ranks) if r.role in donors), key=lambda i: (ranks[i].in_flight_tokens, i))
+    return Move(rank, ranks[rank].role, role)
+
+
+def _best_move(ranks, work, speeds, costs, config) -> tuple[list[int], str] | None:
+    """The ranks and destination of the move that pays best, or None. Moves of 1, 2, 4, ... ranks are
+    weighed: in a long tail no single rank's move may pay while freeing half the rollout ranks does."""
+    counts = _counts(ranks)
+    now = finish_seconds(work, counts, speeds, costs, config.early_train)
+    best, best_net = None, 0.0
+    for src in ROLES:
+        for dst in _destinations(src, work, config):
+            movable = sorted((i for i, r in enumerate(ranks)
+                              if r.role == src and r.since_shift_s >= config.dwell * costs[(src, dst)]),
+                             key=lambda i: (ranks[i].in_flight_tokens, i))
+            keep = 1 if _has_work(src, work) else 0
+            m = 1
+            while m <= min(len(movable), counts[src] - keep):
+                net = _net_gain(ranks, movable[:m], src, dst, work, counts, now, speeds, costs, config)
+                if net > best_net:
+                    best, best_net = (movable[:m], dst), net
+                m *= 2
+    return best
+
+
+def _destinations(src: str, work: Work, config: PlannerConfig) -> list[str]:
+    dsts = ["rollout", "genrm"] + (["train"] if config.early_train and work.train_ready > 0 else [])
+    return [d for d in dsts if d != src]
+
+
+def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config) -> float:
+    """Seconds a move saves beyond (1 + margin) x its cost; positive when it pays."""
+    after = dict(counts)
+    after[src] -= len(moving)
+    after[dst] += len(moving)
+    if 0 < after["train"] < config.min_train_ranks:  # a train group too small to hold the training state
+        return -math.inf
+    saved = now - finish_seconds(work, after, speeds, costs, config.early_train)
+    migrated = sum(ranks[i].in_flight_tokens for i in moving)
+    if migrated and not after[src]:
+        return -math.inf  # its sequences would have no rank left to resume on
+    prefill = 0.0
+    if migrated:
+        speed = speeds.rollout if src == "rollout" else speeds.genrm
+        prefill = migrated / (speed.prefill_per_s * after[src])
+    return saved - (1 + config.margin) * (costs[(src, dst)] + prefill)
+
+
+def _counts(ranks: list[Rank]) -> dict[str, int]:
+    return {role: sum(r.role == role for r in ranks) for role in ROLES}
+
+
+class LinearFit:
+    """Online least-squares fit of seconds = fixed + per_unit x units from measured (units, seconds),
+    each measurement weighing `decay` times the next one (an EWMA of the sums), so the fit follows a
+    drifting speed. The prior enters as two measurements, at units `lo` and `hi`, that never decay: the
+    fit is defined before the first measurement and while every measurement has the same units."""
+
+    def __init__(self, fixed: float, per_unit: float, *, lo: float = 1.0, hi: float = 64.0,
+                 decay: float = 0.9, prior_weight: float = 0.01):
+        self.decay = decay
+        self.prior = _sums([(lo, fixed + per_unit * lo), (hi, fixed + per_unit * hi)], prior_weight)
+        self.sums = (0.0,) * 5
+
+    def observe(self, units: float, seconds: float) -> None:
+        self.sums = tuple(s * self.decay + d for s, d in zip(self.sums, _sums([(units, seconds)], 1.0)))
+
+    def fit(self) -> tuple[float, float]:
+        """(fixed, per_unit), neither below zero (a noisy fit could make one so)."""
+        w, x, y, xx, xy = (a + b for a, b in zip(self.sums, self.prior))
+        per_unit = max(0.0, (w * xy - x * y) / (w * xx - x * x))
+        return max(0.0, (y - per_unit * x) / w), per_unit
+
+
+def _sums(points: list[tuple[float, float]], weight: float) -> tuple[float, ...]:
+    return (weight * len(points), weight * sum(x for x, _ in points), weight * sum(y for _, y in points),
+            weight * sum(x * x for x, _ in points), weight * sum(x * y for x, y in points))
+
+
+class LengthEstimate:
+    """How many tokens a sequence that has generated `g` still has to go, from lengths seen (say, the
+    previous step's responses): the mean excess of those longer than g, or the budget's rest when none
+    seen was longer (it can still run to the budget)."""
+
+    def __init__(self, lengths: list[int], budget: int):
+        self.lengths, self.budget = sorted(lengths), budget
+        self.suffix = [0.0] * (len(self.lengths) + 1)  # suffix[i]: sum of lengths[i:]
+        for i in range(len(self.lengths) - 1, -1, -1):
+            self.suffix[i] = self.suffix[i + 1] + self.lengths[i]
+
+    def remaining(self, g: int) -> float:
+        i = _first_above(self.lengths, g)
+        n = len(self.lengths) - i
+        return self.suffix[i] / n - g if n else float(self.budget - g)
+
+    def longest(self, g: int) -> float:
+        """The rest of the longest sequence still running when the least advanced has generated g."""
+        return (self.lengths[-1] if self.lengths and self.lengths[-1] > g else self.budget) - g
+
+    def mean(self) -> float:
+        return self.suffix[0] / len(self.lengths) if self.lengths else float(self.budget)
+
+
+def _first_above(sorted_values: list[int], g: int) -> int:
+    lo, hi = 0, len(sorted_values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_values[mid] > g:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def parse_split(text: str, world_size: int) -> list[str]:
+    """--split rollout=2,genrm=1,train=1 -> each rank's role, in blocks (rollout ranks first)."""
+    counts = {}
+    for part in text.split(","):
+        role, _, n = part.partition("=")
+        role = role.strip()
+        if role not in ROLES:
+            raise ValueError(f"--split {text}: unknown role {role!r}; use {', '.join(ROLES)} as ROLE=RANKS")
+        if not n.strip().isdigit():
+            raise ValueError(f"--split {text}: {part!r} needs a whole number of ranks, e.g. {role}=1")
+        counts[role] = counts.get(role, 0) + int(n)
+    for role in ("rollout", "genrm"):
+        if counts.get(role, 0) < 1:
+            raise ValueError(f"--split {text}: {role} needs at least one rank, e.g. add {role}=1")
+    total = sum(counts.values())
+    if total != world_size:
+        change = f"add {world_size - total}" if total < world_size else f"remove {total - world_size}"
+        raise ValueError(f"--split {text} places {total} rank(s) but the world has {world_size}: {change} "
+                         f"rank(s) in --split, or launch with --nproc_per_node x --nnodes = {total}")
+    return [role for role in ROLES for _ in range(counts.get(role, 0))]
+
+
+class LoopPlanner:
+    """The training loop's plan function, plan(roles, queues, rng) -> roles, over `plan`. It keeps what
+    the planner needs across ticks: a fit of each engine's step time, measured by the ranks, and each
+    rank's seconds since its last shift, counted in the ticks' engine-step seconds (no clock here).
+
+    It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["genrm"]` (Requests:
+    prompt_ids, generated, max_tokens), `batch`, `expected`, `samples` (finished responses), `judged`,
+    and two things StepQueues and Report do not hold yet:
+      StepQueues.reports          the last tick's Report of every rank, in rank order (ingest has them)
+      Report.generated            list[int]: tokens each of the rank's in-flight requests has generated
+      Report.in_flight_tokens     int: prompt + generated tokens of those requests
+      Report.step_seconds         float: seconds of the rank's last engine step (0.0 if it did not step)
+      Report.step_batch           int: sequences in that engine step
+    """
+
+    def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
+                 critiques: LengthEstimate, config: PlannerConfig = PlannerConfig()):
+        self.speeds, self.costs, self.config = speeds, costs, config
+        self.lengths, self.critiques = lengths, critiques
+        self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
+                     for role, s in (("rollout", speeds.rollout), ("genrm", speeds.genrm))}
+        self.since: list[float] | None = None
+
+    def __call__(self, roles: list[str], queues, rng=None) -> list[str]:
+        reports = queues.reports
+        if self.since is None:
+            self.since = [math.inf] * len(roles)
+        tick = max(r.step_seconds for r in reports)
+        self.since = [s + tick for s in self.since]
+        for r in reports:
+            if r.role in self.fits and r.step_batch:
+                self.fits[r.role].observe(r.step_batch, r.step_seconds)
+        ranks = [Rank(role, rep.in_flight_tokens, since) for role, rep, since in zip(roles, reports, self.since)]
+        moves = plan(ranks, self.work(queues), self.measured_speeds(), self.costs, self.config)
+        for move in moves:
+            self.since[move.rank] = 0.0
+        return apply_moves(roles, moves)
+
+    def measured_speeds(self) -> Speeds:
+        engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
+                   for role, fit in self.fits.items()}
+        return replace(self.speeds, **engines)
+
+    def work(self, queues) -> Work:
+        running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
+        rolling = [g for role, g in running if role == "rollout"] + [len(r.generated) for r in queues.queue["rollout"]]
+        judging = [g for role, g in running if role == "genrm"]
+        prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
+        response = self.lengths.mean()
+        done_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in queues.samples.values())
+        group = queues.expected // len(queues.batch)
+        complete = [p for p in range(len(queues.batch)) if all((p, i) in queues.judged for i in range(group))]
+        return Work(
+            rollout_seqs=len(rolling),
+            rollout_tokens=sum(self.lengths.remaining(g) for g in rolling),
+            rollout_longest=self.lengths.longest(min(rolling)) if rolling else 0.0,
+            rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue["rollout"]),
+            judge_seqs=len(queues.queue["genrm"]) + len(judging),
+            judge_tokens=sum(self.critiques.remaining(g) for g in judging)
+            + len(queues.queue["genrm"]) * self.critiques.mean(),
+            judge_longest=self.critiques.longest(min(judging + [0] * len(queues.queue["genrm"])))
+            if judging or queues.queue["genrm"] else 0.0,
+            judge_prefill=sum(len(r.prompt_ids) for r in queues.queue["genrm"]),
+            critique_tokens=self.critiques.mean(),
+            judge_prompt_tokens=prompt + response,
+            train_ready=sum(len(s.prompt_ids) + len(s.response_ids) for (p, _), s in queues.samples.items()
+                            if p in complete),
+            train_tokens=done_tokens + len(rolling) * (prompt + response),
+        )

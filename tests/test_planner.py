@@ -1,0 +1,190 @@
+"""The planner's decisions on hand-made step states: pure, milliseconds."""
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner import (ROLES, EngineSpeed, LengthEstimate, LinearFit, LoopPlanner, Move, PlannerConfig, Rank,
+                     Speeds, Work, apply_moves, finish_seconds, parse_split, plan)
+
+SPEEDS = Speeds(rollout=EngineSpeed(step_s=0.02, per_seq_s=2e-4, prefill_per_s=2e4, max_seqs=64),
+                genrm=EngineSpeed(step_s=0.05, per_seq_s=4e-4, prefill_per_s=1e4, max_seqs=64),
+                train_per_s=5e3)
+
+
+def costs(seconds: float) -> dict:
+    return {(a, b): seconds for a in ROLES for b in ROLES if a != b}
+
+
+# A step just begun: all rollout, nothing to judge yet.
+START = Work(rollout_seqs=512, rollout_tokens=512 * 2000, rollout_longest=16000, rollout_prefill=512 * 300,
+             critique_tokens=500, judge_prompt_tokens=2300, train_tokens=512 * 2300)
+# Rollout's tail: 30 sequences, the judge far behind.
+TAIL = Work(rollout_seqs=30, rollout_tokens=30 * 500, rollout_longest=1000, judge_seqs=3000,
+            judge_tokens=3000 * 500, judge_prefill=3000 * 1500, critique_tokens=500, judge_prompt_tokens=1500,
+            train_tokens=1e6)
+
+
+def ranks(*roles, tokens=0) -> list[Rank]:
+    return [Rank(role, tokens) for role in roles]
+
+
+def test_no_move_when_the_saving_is_below_the_cost():
+    assert plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1e4)) == []
+    moves = plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1.0))
+    assert moves and all(m.src == "rollout" and m.dst == "genrm" for m in moves)
+
+
+def test_a_move_pays_its_cost_with_margin():
+    now = ranks(*["rollout"] * 7, "genrm")
+    config = PlannerConfig(margin=0.5)
+    for c in (0.5, 5.0, 50.0):
+        moves = plan(now, TAIL, SPEEDS, costs(c), config)
+        counts = {role: sum(r.role == role for r in now) for role in ROLES}
+        after = {role: sum(r == role for r in apply_moves([r.role for r in now], moves)) for role in ROLES}
+        saved = finish_seconds(TAIL, counts, SPEEDS, costs(c)) - finish_seconds(TAIL, after, SPEEDS, costs(c))
+        assert not moves or saved > (1 + config.margin) * c
+
+
+def test_tail_frees_rollout_ranks_for_the_judge_and_keeps_one():
+    roles = apply_moves(["rollout"] * 7 + ["genrm"], plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1.0)))
+    assert roles.count("genrm") >= 4 and roles.count("rollout") >= 1
+
+
+def test_judge_ranks_without_work_go_to_a_rollout_bottleneck():
+    moves = plan(ranks("rollout", *["genrm"] * 7), START, SPEEDS, costs(1.0))
+    assert moves and all(m.src == "genrm" and m.dst == "rollout" for m in moves)
+
+
+def test_migration_prefill_counts_as_cost():
+    cheap = plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1.0))
+    # every rollout rank holds sequences whose prefill alone costs more than the move could save
+    dear = plan(ranks(*["rollout"] * 7, "genrm", tokens=10 ** 9), TAIL, SPEEDS, costs(1.0))
+    assert cheap and dear == []
+
+
+def test_the_cheapest_rank_to_migrate_moves_first():
+    now = [Rank("rollout", t) for t in (900, 100, 500, 700, 300, 800, 600)] + [Rank("genrm")]
+    moves = plan(now, TAIL, SPEEDS, costs(1.0))
+    moved = [now[m.rank].in_flight_tokens for m in moves]
+    assert moved == sorted(moved) and moved[0] == 100
+
+
+def test_a_judge_backlog_gets_a_rank_whatever_the_cost():
+    moves = plan(ranks(*["rollout"] * 4), TAIL, SPEEDS, costs(1e9))
+    assert moves == [Move(0, "rollout", "genrm")]
+
+
+def test_a_rank_that_just_moved_stays():
+    now = [Rank("rollout", 0, since_shift_s=1.0) for _ in range(7)] + [Rank("genrm")]
+    assert plan(now, TAIL, SPEEDS, costs(1.0), PlannerConfig(dwell=2.0)) == []
+
+
+def test_steady_workload_settles_without_oscillation():
+    roles, moves_per_call = ["rollout"] * 4 + ["genrm"] * 4, []
+    since = [math.inf] * 8
+    for _ in range(50):
+        moves = plan([Rank(r, 0, s) for r, s in zip(roles, since)], TAIL, SPEEDS, costs(2.0))
+        roles = apply_moves(roles, moves)
+        since = [0.0 if any(m.rank == i for m in moves) else s + 1.0 for i, s in enumerate(since)]
+        moves_per_call.append(len(moves))
+    assert sum(moves_per_call[5:]) == 0 and sum(moves_per_call) <= 8
+
+
+def test_early_training_only_with_complete_groups_and_a_large_enough_group():
+    # one long critique left: seven judge ranks idle while it runs
+    work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=5e6, train_tokens=6e6)
+    now = ranks(*["genrm"] * 8)
+    assert plan(now, work, SPEEDS, costs(1.0)) == []  # early training not allowed
+    moves = plan(now, work, SPEEDS, costs(1.0), PlannerConfig(early_train=True, min_train_ranks=4))
+    assert moves and {m.dst for m in moves} == {"train"} and len(moves) >= 4
+    assert plan(now, Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_tokens=6e6), SPEEDS, costs(1.0),
+                PlannerConfig(early_train=True)) == []  # no complete group yet
+
+
+works = st.builds(
+    Work, rollout_seqs=st.integers(0, 300), rollout_tokens=st.floats(0, 1e6), rollout_longest=st.floats(0, 2e4),
+    rollout_prefill=st.floats(0, 1e5), judge_seqs=st.integers(0, 300), judge_tokens=st.floats(0, 1e5),
+    judge_longest=st.floats(0, 4e3),    judge_prefill=st.floats(0, 1e6), critique_tokens=st.floats(0, 4e3), judge_prompt_tokens=st.floats(0, 2e4),
+    train_ready=st.floats(0, 1e6), train_tokens=st.floats(0, 1e7))
+assignments = st.lists(st.tuples(st.sampled_from(ROLES), st.integers(0, 10 ** 5), st.floats(0, 100)),
+                       min_size=2, max_size=32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(work=works, held=assignments, cost=st.floats(0.01, 100), early=st.booleans())
+def test_properties(work, held, cost, early):
+    now = [Rank(role, tokens, since) for role, tokens, since in held]
+    config = PlannerConfig(early_train=early, min_train_ranks=2)
+    moves = plan(now, work, SPEEDS, costs(cost), config)
+    assert moves == plan(now, work, SPEEDS, costs(cost), config)  # deterministic
+    roles = apply_moves([r.role for r in now], moves)
+    assert len({m.rank for m in moves}) == len(moves)  # a rank moves at most once per plan
+    if work.rollout_seqs:
+        assert "rollout" in roles
+    if work.judge_seqs:
+        assert "genrm" in roles
+    if early and "train" in roles and any(m.dst == "train" for m in moves):
+        assert roles.count("train") >= config.min_train_ranks
+
+
+def test_linear_fit_follows_measurements_and_starts_from_its_prior():
+    fit = LinearFit(0.03, 0.002)
+    assert fit.fit() == pytest.approx((0.03, 0.002))
+    for batch in (1, 8, 32, 64) * 20:
+        fit.observe(batch, 0.02 + 0.001 * batch)
+    assert fit.fit() == pytest.approx((0.02, 0.001), rel=0.05)
+    for _ in range(100):  # one batch size only: still defined
+        fit.observe(16, 0.5)
+    fixed, per = fit.fit()
+    assert fixed + 16 * per == pytest.approx(0.5, rel=0.05)
+
+
+def test_length_estimate():
+    est = LengthEstimate([10, 20, 30, 100], budget=200)
+    assert est.remaining(0) == 40 and est.remaining(25) == pytest.approx(65 - 25)
+    assert est.remaining(150) == 50  # past every length seen: the budget's rest
+    assert est.longest(5) == 95 and est.longest(120) == 80
+    assert LengthEstimate([], budget=64).mean() == 64
+
+
+def test_parse_split():
+    assert parse_split("rollout=2,genrm=1,train=1", 4) == ["rollout", "rollout", "genrm", "train"]
+    with pytest.raises(ValueError, match="world has 4: add 1"):
+        parse_split("rollout=2,genrm=1", 4)
+    with pytest.raises(ValueError, match="remove 2"):
+        parse_split("rollout=4,genrm=2", 4)
+    with pytest.raises(ValueError, match="unknown role 'judge'"):
+        parse_split("rollout=3,judge=1", 4)
+    with pytest.raises(ValueError, match="genrm needs at least one rank"):
+        parse_split("rollout=4", 4)
+    with pytest.raises(ValueError, match="whole number"):
+        parse_split("rollout=two,genrm=2", 4)
+
+
+def test_loop_adapter_reads_step_queues():
+    report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
+        role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
+        step_seconds=seconds, step_batch=len(generated))
+    request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
+    queues = SimpleNamespace(
+        batch=[{"prompt_ids": [0] * 10}] * 2, expected=4, judged=set(), samples={},
+        queue={"rollout": [], "genrm": [request(50)] * 400},
+        reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
+                 report("genrm", [5, 9], 0.05)])
+    adapter = LoopPlanner(SPEEDS, costs(0.01), LengthEstimate([20, 40, 64], 64), LengthEstimate([30], 96))
+    roles = adapter(["rollout", "rollout", "rollout", "genrm"], queues)
+    assert roles.count("rollout") == 1 and roles[0] == "rollout"  # idle rollout ranks go to the judge backlog
+    assert adapter.work(queues).rollout_seqs == 1 and adapter.work(queues).judge_seqs == 402
+
+
+@settings(max_examples=100, deadline=None)
+@given(work=works, held=assignments, cost=st.floats(0.01, 100))
+def test_any_steady_workload_settles(work, held, cost):
+    roles, since = [role for role, _, _ in held], [math.inf] * len(held)
+    for _ in range(3 * len(held) + 3):
+        moves = plan([Rank(r, 0, s) for r, s in zip(roles, since)], work, SPEEDS, costs(cost))
+        roles = apply_moves(roles, moves)
+        since = [0.0 if any(m.rank == i for m in moves) else s + cost * 10 for i, s in enumerate(since)]
+    assert not moves  # settled: the last call moves nothing
