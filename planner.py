@@ -21,6 +21,8 @@ move (hysteresis against thrash, as planner-anchors.md advises).
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 ROLES = ("rollout", "genrm", "train")
 
 
@@ -251,38 +253,27 @@ def _sums(points: list[tuple[float, float]], weight: float) -> tuple[float, ...]
 
 
 class LengthEstimate:
-    """How many tokens a sequence that has generated `g` still has to go, from lengths seen (say, the
+    """How many tokens a sequence that has generated g still has to go, from lengths seen (say, the
     previous step's responses): the mean excess of those longer than g, or the budget's rest when none
-    seen was longer (it can still run to the budget)."""
+    seen was longer (it can still run to the budget). Takes one g or an array of them."""
 
-    def __init__(self, lengths: list[int], budget: int):
-        self.lengths, self.budget = sorted(lengths), budget
-        self.suffix = [0.0] * (len(self.lengths) + 1)  # suffix[i]: sum of lengths[i:]
-        for i in range(len(self.lengths) - 1, -1, -1):
-            self.suffix[i] = self.suffix[i + 1] + self.lengths[i]
+    def __init__(self, lengths, budget: int):
+        self.lengths, self.budget = np.sort(np.asarray(lengths, dtype=np.float64)), budget
+        self.suffix = np.append(np.cumsum(self.lengths[::-1])[::-1], 0.0)  # suffix[i]: sum of lengths[i:]
 
-    def remaining(self, g: int) -> float:
-        i = _first_above(self.lengths, g)
-        n = len(self.lengths) - i
-        return self.suffix[i] / n - g if n else float(self.budget - g)
+    def remaining(self, g):
+        g = np.asarray(g, dtype=np.float64)
+        i = np.searchsorted(self.lengths, g, side="right")
+        longer = len(self.lengths) - i
+        rest = np.where(longer > 0, self.suffix[i] / np.maximum(longer, 1) - g, self.budget - g)
+        return float(rest) if rest.ndim == 0 else rest
 
-    def longest(self, g: int) -> float:
+    def longest(self, g: float) -> float:
         """The rest of the longest sequence still running when the least advanced has generated g."""
-        return (self.lengths[-1] if self.lengths and self.lengths[-1] > g else self.budget) - g
+        return float((self.lengths[-1] if len(self.lengths) and self.lengths[-1] > g else self.budget) - g)
 
     def mean(self) -> float:
-        return self.suffix[0] / len(self.lengths) if self.lengths else float(self.budget)
-
-
-def _first_above(sorted_values: list[int], g: int) -> int:
-    lo, hi = 0, len(sorted_values)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sorted_values[mid] > g:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+        return float(self.lengths.mean()) if len(self.lengths) else float(self.budget)
 
 
 def parse_split(text: str, world_size: int) -> list[str]:
@@ -361,11 +352,11 @@ class LoopPlanner:
         complete = [p for p in range(len(queues.batch)) if all((p, i) in queues.judged for i in range(group))]
         return Work(
             rollout_seqs=len(rolling),
-            rollout_tokens=sum(self.lengths.remaining(g) for g in rolling),
+            rollout_tokens=float(self.lengths.remaining(rolling).sum()) if rolling else 0.0,
             rollout_longest=self.lengths.longest(min(rolling)) if rolling else 0.0,
             rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue["rollout"]),
             judge_seqs=len(queues.queue["genrm"]) + len(judging),
-            judge_tokens=sum(self.critiques.remaining(g) for g in judging)
+            judge_tokens=(float(self.critiques.remaining(judging).sum()) if judging else 0.0)
             + len(queues.queue["genrm"]) * self.critiques.mean(),
             judge_longest=self.critiques.longest(min(judging + [0] * len(queues.queue["genrm"])))
             if judging or queues.queue["genrm"] else 0.0,

@@ -106,7 +106,8 @@ def test_early_training_only_with_complete_groups_and_a_large_enough_group():
 works = st.builds(
     Work, rollout_seqs=st.integers(0, 300), rollout_tokens=st.floats(0, 1e6), rollout_longest=st.floats(0, 2e4),
     rollout_prefill=st.floats(0, 1e5), judge_seqs=st.integers(0, 300), judge_tokens=st.floats(0, 1e5),
-    judge_longest=st.floats(0, 4e3),    judge_prefill=st.floats(0, 1e6), critique_tokens=st.floats(0, 4e3), judge_prompt_tokens=st.floats(0, 2e4),
+    judge_longest=st.floats(0, 4e3), judge_prefill=st.floats(0, 1e6), critique_tokens=st.floats(0, 4e3),
+    judge_prompt_tokens=st.floats(0, 2e4),
     train_ready=st.floats(0, 1e6), train_tokens=st.floats(0, 1e7))
 assignments = st.lists(st.tuples(st.sampled_from(ROLES), st.integers(0, 10 ** 5), st.floats(0, 100)),
                        min_size=2, max_size=32)

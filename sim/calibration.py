@@ -1,0 +1,229 @@
+"""The simulator's cost model, read from calibration.json: every figure there has a value, a unit and a
+source, and the loader refuses a file where one lacks any of them, naming the entry.
+
+Two cost models with one surface, which the event engine uses:
+  GpuModel  one model group on H200s, derived from public figures: decode is memory-bound (an engine
+            step reads the weights it touches, 1/tp of them per GPU, plus every running sequence's KV),
+            prefill and training are compute-bound, shifts move bytes over PCIe plus a fixed wake.
+  CpuModel  this code on this machine: per-role engine-step and training speeds measured by
+            bench/placements.py (its --json), shift costs measured by bench/shift_latency.py.
+A simulated "slot" is the devices one instance of the widest role needs, so that any slot can hold any
+role (a narrower role runs several instances on it).
+"""
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner import ROLES, EngineSpeed, LinearFit, Speeds
+
+CALIBRATION = Path(__file__).with_name("calibration.json")
+TEXT_KEYS = {"about", "policy", "genrm"}
+CPU_MEASURED = ("rollout_step_s", "rollout_per_seq_s", "rollout_prefill_per_s", "genrm_step_s", "genrm_per_seq_s",
+                "genrm_prefill_per_s", "train_tokens_per_s", "max_seqs", "prompts_per_step", "group_size",
+                "prompt_tokens", "response_lengths", "critique_lengths", "max_response_tokens", "max_critique_tokens")
+
+
+class CalibrationError(ValueError):
+    pass
+
+
+def load(path: Path = CALIBRATION) -> dict:
+    try:
+        cal = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{path}: {e}") from None
+    validate(cal)
+    return cal
+
+
+def validate(node, where: str = "") -> None:
+    """Every leaf is a figure {value, unit, source} with a number, a unit and a source; the only text
+    allowed is a description or a model group's model names, which must name a model."""
+    if isinstance(node, dict) and ({"value", "unit", "source"} & node.keys()):
+        for key in ("unit", "source"):
+            if not isinstance(node.get(key), str) or not node[key].strip():
+                raise CalibrationError(f"calibration entry {where}: no {key}")
+        if not isinstance(node.get("value"), (int, float)) or isinstance(node["value"], bool) \
+                or not math.isfinite(node["value"]):
+            raise CalibrationError(f"calibration entry {where}: no numeric value")
+        return
+    if not isinstance(node, dict):
+        raise CalibrationError(f"calibration entry {where}: not a figure (value, unit, source)")
+    for key, child in node.items():
+        name = f"{where}.{key}" if where else key
+        if key in TEXT_KEYS and isinstance(child, str):
+            continue
+        validate(child, name)
+    for name, group in node.get("groups", {}).items():
+        for role in ("policy", "genrm"):
+            if group.get(role) not in node.get("models", {}):
+                raise CalibrationError(f"calibration entry groups.{name}.{role}: no model {group.get(role)!r} "
+                                       f"in models")
+
+
+def value(cal: dict, path: str) -> float:
+    node = cal
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise CalibrationError(f"calibration entry {path}: missing")
+        node = node[key]
+    return node["value"]
+
+
+@dataclass
+class Workload:
+    prompts: int
+    group_size: int
+    prompt_tokens: int
+    max_response: int
+    max_critique: int
+    responses: object  # callable (rng, n) -> int array
+    critiques: object
+
+    def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        n = self.prompts * self.group_size
+        return self.responses(rng, n), self.critiques(rng, n)
+
+
+def lognormal(cap: int, p99_over_median: float):
+    """Long-tailed lengths with the p99 at the budget and the median p99_over_median below it."""
+    sigma = math.log(p99_over_median) / 2.326  # z of the 99th percentile
+    median = cap / p99_over_median
+    return lambda rng, n: np.clip(rng.lognormal(math.log(median), sigma, n), 1, cap).astype(np.int64)
+
+
+def empirical(lengths: list[int]):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return lambda rng, n: rng.choice(lengths, n)
+
+
+def gpu_workload(cal: dict, prompts: int | None = None) -> Workload:
+    w = lambda key: value(cal, f"workload.{key}")  # noqa: E731
+    return Workload(int(prompts or w("prompts_per_step")), int(w("group_size")), int(w("prompt_tokens")),
+                    int(w("max_response_tokens")), int(w("max_critique_tokens")),
+                    lognormal(int(w("max_response_tokens")), w("response_p99_over_median")),
+                    lognormal(int(w("max_critique_tokens")), w("critique_p99_over_median")))
+
+
+class CostModel:
+    """What the event engine asks of a cost model. Subclasses give step_seconds(role, batch, context),
+    shift_seconds(src, dst, train_slots), publish_seconds(train_slots) and these figures:"""
+    slot_gpus: int
+    min_train_slots: int
+    train_per_s: float  # training tokens per second per slot
+    prefill_per_s: dict[str, float]  # per engine role, tokens per second per slot
+    max_seqs: dict[str, int]  # per engine role, sequences in flight per slot
+
+    def planner_speeds(self, workload: Workload) -> Speeds:
+        """The speeds the simulated rank 0 starts from, fitted by the planner's own estimator."""
+        engines = {}
+        for role in ("rollout", "genrm"):
+            cap, fit = self.max_seqs[role], LinearFit(0.0, 0.0, hi=self.max_seqs[role], prior_weight=1e-6)
+            ctx = workload.prompt_tokens + workload.max_response / 10 + (role == "genrm") * workload.max_response / 10
+            for b in (1, cap // 4 or 1, cap // 2 or 1, cap):
+                fit.observe(b, self.step_seconds(role, b, b * ctx))
+            step_s, per_seq_s = fit.fit()
+            engines[role] = EngineSpeed(step_s, per_seq_s, self.prefill_per_s[role], cap)
+        return Speeds(engines["rollout"], engines["genrm"], self.train_per_s)
+
+    def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
+        # Into the smallest train group it may form: the dearest such move.
+        return {(a, b): self.shift_seconds(a, b, self.min_train_slots) for a in ROLES for b in ROLES if a != b}
+
+
+class GpuModel(CostModel):
+    def __init__(self, cal: dict, group: str, hardware: str = "h200"):
+        if group not in cal["groups"]:
+            raise CalibrationError(f"no model group {group!r}; calibration.json has {', '.join(cal['groups'])}")
+        hw = lambda key: value(cal, f"{hardware}.{key}")  # noqa: E731
+        g = cal["groups"][group]
+        self.models = {"rollout": cal["models"][g["policy"]], "genrm": cal["models"][g["genrm"]]}
+        m = lambda role, key: self.models[role][key]["value"]  # noqa: E731
+        self.tp = {role: int(value(cal, f"groups.{group}.tp_{role}")) for role in ("rollout", "genrm")}
+        self.slot_gpus = max(self.tp.values())
+        self.hbm, self.flops = hw("hbm_bytes_per_s"), hw("matmul_flops")
+        self.wbytes, self.kvbytes = hw("weight_bytes_per_param"), hw("kv_bytes_per_value")
+        self.m = m
+        self.instances = {role: self.slot_gpus // self.tp[role] for role in self.tp}
+        self.kv_per_token = {role: 2 * m(role, "layers") * m(role, "kv_heads") * m(role, "head_dim") * self.kvbytes
+                             for role in self.tp}
+        policy = m("rollout", "params")
+        self.train_per_s = self.slot_gpus * hw("train_flops") / (hw("train_flops_per_token_per_param")
+                                                                  * m("rollout", "active_params"))
+        self.min_train_slots = math.ceil(hw("train_state_bytes_per_param") * policy
+                                         / (hw("memory_bytes") * self.slot_gpus))
+        self.prefill_per_s = {role: self.slot_gpus * self.flops / (2 * m(role, "active_params")) for role in self.tp}
+        self.max_seqs = {}
+        work = gpu_workload(cal)
+        for role in self.tp:
+            kv_tokens = (hw("kv_memory_fraction") * hw("memory_bytes") * self.tp[role]
+                         - self.wbytes * m(role, "params")) / self.kv_per_token[role]
+            ctx = work.prompt_tokens + work.max_response / 10 + (role == "genrm") * work.max_critique / 10
+            self.max_seqs[role] = self.instances[role] * int(min(hw("max_num_seqs"), kv_tokens // ctx))
+        self.h2d, self.d2h, self.link = hw("h2d_bytes_per_s"), hw("d2h_bytes_per_s"), hw("node_link_bytes_per_s")
+        self.wake, self.gpus_per_node = hw("engine_wake_s"), hw("gpus_per_node")
+        self.state_bytes, self.stored_bytes = hw("train_state_bytes_per_param"), hw("stored_train_bytes_per_param")
+
+    def step_seconds(self, role: str, batch: int, context: float) -> float:
+        """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them.
+        An MoE layer reads only the experts its tokens route to: 1 - (1 - k/E)^b of them, uniform routing."""
+        n = self.instances[role]
+        b, ctx = math.ceil(batch / n), context / n
+        experts, k = self.m(role, "experts"), self.m(role, "experts_per_token")
+        expert = self.m(role, "expert_params")
+        touched = 1 - (1 - k / experts) ** b
+        read = self.wbytes * (self.m(role, "params") - expert + expert * touched) + self.kv_per_token[role] * ctx
+        memory = read / (self.tp[role] * self.hbm)
+        compute = 2 * self.m(role, "active_params") * b / (self.tp[role] * self.flops)
+        return max(memory, compute)
+
+    def shift_seconds(self, src: str, dst: str, train_slots: int) -> float:
+        """Offload src (an engine discards its weights: sleep level 2; the train role writes its state
+        shards to storage), then onload dst from host storage over PCIe (an engine also wakes)."""
+        params = self.m("rollout", "params")
+        gpus = max(train_slots, 1) * self.slot_gpus
+        off = self.stored_bytes * params / gpus / self.d2h if src == "train" else 0.0
+        if dst == "train":
+            return off + self.state_bytes * params / gpus / self.h2d
+        return off + self.wake + self.wbytes * self.m(dst, "params") / self.tp[dst] / self.h2d
+
+    def publish_seconds(self, train_slots: int) -> float:
+        """The train ranks write their rows of the new weights to their node's storage, then every other
+        node gets its replica over one link."""
+        params = self.m("rollout", "params")
+        gpus = train_slots * self.slot_gpus
+        nodes = math.ceil(gpus / self.gpus_per_node)
+        return self.wbytes * params / gpus / self.d2h + (self.wbytes * params / self.link if nodes > 1 else 0.0)
+
+
+class CpuModel(CostModel):
+    """This code on this machine, one rank per slot: engine steps, prefill and training speeds from
+    bench/placements.py's JSON (keys in CPU_MEASURED), shift costs from calibration.json's cpu section."""
+
+    def __init__(self, cal: dict, measured: dict):
+        missing = [k for k in CPU_MEASURED if k not in measured]
+        if missing:
+            raise CalibrationError(f"--measured lacks {', '.join(missing)}: bench/placements.py --json writes them")
+        self.measured, self.slot_gpus, self.min_train_slots = measured, 1, 1
+        self.train_per_s = measured["train_tokens_per_s"]
+        self.prefill_per_s = {r: measured[f"{r}_prefill_per_s"] for r in ("rollout", "genrm")}
+        self.max_seqs = {r: int(measured["max_seqs"]) for r in ("rollout", "genrm")}
+        self.shift = {tuple(pair.split("->")): value(cal, f"cpu.shift_s.{pair}") for pair in cal["cpu"]["shift_s"]}
+
+    def step_seconds(self, role: str, batch: int, context: float) -> float:
+        return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
+
+    def shift_seconds(self, src: str, dst: str, train_slots: int) -> float:
+        return self.shift[(src, dst)]
+
+    def publish_seconds(self, train_slots: int) -> float:
+        return 0.0  # the measured train->rollout shift includes loading the published weights
+
+
+def cpu_workload(measured: dict) -> Workload:
+    return Workload(int(measured["prompts_per_step"]), int(measured["group_size"]), int(measured["prompt_tokens"]),
+                    int(measured["max_response_tokens"]), int(measured["max_critique_tokens"]),
+                    empirical(measured["response_lengths"]), empirical(measured["critique_lengths"]))
