@@ -28,6 +28,9 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
         raise SystemExit(f"--gpus {gpus}: {group} places its widest role on {model.slot_gpus} GPUs; "
                          f"pass a multiple of {model.slot_gpus}")
     slots = gpus // model.slot_gpus
+    if slots < model.min_train_slots:
+        raise SystemExit(f"--gpus {gpus}: {group}'s training state needs {model.min_train_slots * model.slot_gpus} "
+                         f"devices; pass at least that many")
     config = planner.PlannerConfig(margin=value(cal, "planner.margin"), dwell=value(cal, "planner.dwell"),
                                    early_train=True, min_train_ranks=model.min_train_slots)
     out = {}
@@ -46,7 +49,7 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
 
 def print_group(group: str, r: dict) -> None:
     print(f"\n{group} on {r['gpus']} devices")
-    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}  split")
+    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}  roles at start (devices)")
     for name, p in r["placements"].items():
         step = sum(p["step_s"]) / len(p["step_s"])
         print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{step:>9.1f}{p['shifts']:>8}"
