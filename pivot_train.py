@@ -16,9 +16,10 @@ Across GPU nodes, on each node:
 import argparse
 import gc
 import json
+import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -30,7 +31,8 @@ from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
-from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
+from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
+from shifting.scheduler import ROLES, StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import DataError, load_jsonl, step_prompts
 
@@ -70,8 +72,11 @@ def parse_args(argv=None):
     p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
     p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
     # placement
-    p.add_argument("--placement", choices=["colocated"], default="colocated",
-                   help="colocated: every rank rolls out, then judges, then trains")
+    p.add_argument("--placement", choices=["colocated", "disaggregated", "pivot"], default="colocated",
+                   help="colocated: every rank rolls out, then judges, then trains; disaggregated: a fixed "
+                        "--split of ranks per role; pivot: the planner moves ranks between roles as the step runs")
+    p.add_argument("--split", default=None,
+                   help="disaggregated: ranks per role in rank order, e.g. rollout=2,genrm=1,train=1")
     p.add_argument("--force-shifts", type=int, default=None, metavar="SEED",
                    help="replace the plan by a seeded random schedule of moves between engine steps, to "
                         "exercise sequence migration and role shifts on your own setup")
@@ -103,6 +108,17 @@ def check_config(args) -> str:
         template = Path(args.judge_template).read_text()
     except OSError as e:
         sys.exit(f"--judge-template {args.judge_template}: {e.strerror}")
+    if args.placement == "disaggregated":
+        if not args.split:
+            sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,genrm=1,train=1")
+        try:
+            roles = parse_split(args.split, int(os.environ.get("WORLD_SIZE", "1")))
+        except ValueError as e:
+            sys.exit(str(e))
+        if "train" not in roles:
+            sys.exit(f"--split {args.split} has no train rank: add train=1 (disaggregated needs 3 ranks or more)")
+    elif args.split:
+        sys.exit(f"--split applies to --placement disaggregated only (this run is {args.placement})")
     if "{prompt}" not in template or "{response}" not in template:
         sys.exit(f"--judge-template {args.judge_template} must contain {{prompt}} and {{response}}")
     return template
@@ -138,14 +154,12 @@ def main(argv=None):
                                    kv_cache_bytes=kv)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure)
+    placement = Placement(args, d.world_size)
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
-    context = RoleContext(d, ["rollout"] * d.world_size, policy=storage, genrm=genrm_storage,
+    context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper))
-    plan = colocated_plan
-    if args.force_shifts is not None:
-        plan = lambda roles, queues, rng: forced_plan(roles, queues, rng, args.force_shift_rate)  # noqa: E731
     timeline = Timeline(d, out)
 
     for step in range(args.steps + 1):
@@ -157,17 +171,19 @@ def main(argv=None):
             break
         start = time.perf_counter()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
-        samples, generation, parse_failures = rollout_and_judge(d, context, batch, rollout_engine, genrm, plan,
-                                                                step, timeline, args)
-        shifts = generation.pop("shifts") + context.apply(["train"] * d.world_size)
-        with timeline.busy(step, "train"):
-            stats = train_step(context.trainer, samples, args)
+        samples, generation, parse_failures = rollout_and_judge(d, context, batch, rollout_engine, genrm,
+                                                                placement.plan, step, timeline, args)
+        shifts = generation.pop("shifts") + context.apply(placement.train_roles())
+        with timeline.busy(step, "train") if context.trainer else nullcontext():
+            stats = train_step(context, samples, args)
             publish_weights(context.trainer, storage, version=step + 1)
-        shifts += context.apply(["rollout"] * d.world_size)  # the rollout engines load the new version
+        shifts += context.apply(placement.start_roles())  # the rollout engines load the new version
+        placement.learn(samples, shifts)
         record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
         record.update(shifts=shifts, **generation)
         record.update(timeline.close_step(step))
         log_step(d, out, record)
+        log_samples(d, out, step, samples)
 
     timeline.draw()
     for held in (storage, genrm_storage, train_state):
@@ -194,18 +210,24 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, plan, step
                      "migration_prefill_s": resume.item()}, counts[0][0]
 
 
-def train_step(trainer: PolicyTrainer, samples: list[Sample], args) -> dict:
+def train_step(context, samples: list[Sample], args) -> dict:
+    """The GRPO update on the ranks that hold the train role; every rank gets its statistics."""
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
     per = -(-len(samples) // args.minibatches)
-    return trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
+    stats = None
+    if context.trainer is not None:
+        stats = context.trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
+    everyone = [None] * context.d.world_size
+    dist.all_gather_object(everyone, stats, group=context.d.control)
+    return next(s for s in everyone if s is not None)
 
 
-def publish_weights(trainer: PolicyTrainer, storage: ParameterStorage, version: int):
-    """The train ranks write their rows of the new weights into every node's storage; the rollout
-    engines load them when their ranks next take the rollout role."""
-    storage.publish_shards(trainer.weight_rows(), version)
+def publish_weights(trainer: PolicyTrainer | None, storage: ParameterStorage, version: int):
+    """Collective: the train ranks write their rows of the new weights into every node's storage; the
+    rollout engines load them when their ranks next take the rollout role."""
+    storage.publish_shards([] if trainer is None else trainer.weight_rows(), version)
 
 
 def evaluate(d: Dist, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
@@ -250,6 +272,50 @@ def step_metrics(samples: list[Sample], stats: dict, seconds: float, parse_failu
             "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
             "genrm_agreement_train": agree / len(checked) if checked else None,
             "shifts": [], **stats}
+
+
+class Placement:
+    """Where each role runs: the roles a step starts with, the plan while it rolls out and judges, and
+    the ranks that train at its end. --force-shifts replaces the plan by a seeded random one."""
+
+    def __init__(self, args, world_size: int):
+        self.args, self.world_size = args, world_size
+        self.split = parse_split(args.split, world_size) if args.placement == "disaggregated" else None
+        self.planner = None
+        if args.placement == "pivot":
+            # Priors only: the planner refits engine speeds every tick and shift costs every step.
+            engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
+            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=1e4),
+                                       {(a, b): 0.01 for a in ROLES for b in ROLES if a != b},
+                                       LengthEstimate([], args.max_response_tokens),
+                                       LengthEstimate([], args.max_critique_tokens),
+                                       PlannerConfig(min_train_ranks=1))
+
+    def start_roles(self) -> list[str]:
+        return list(self.split) if self.split else ["rollout"] * self.world_size
+
+    def train_roles(self) -> list[str]:
+        """Disaggregated keeps its split (its train ranks train, the others wait); colocated and pivot
+        train on every rank, since nothing else is left to do in a synchronous step."""
+        return list(self.split) if self.split else ["train"] * self.world_size
+
+    def plan(self, roles: list[str], queues, rng) -> list[str]:
+        if self.args.force_shifts is not None:
+            return forced_plan(roles, queues, rng, self.args.force_shift_rate)
+        if self.planner is not None:
+            return self.planner(roles, queues, rng)
+        return roles if self.split else colocated_plan(roles, queues, rng)
+
+    def learn(self, samples: list[Sample], shifts: list[dict]) -> None:
+        """The pivot planner's view of the next step: this step's lengths and measured shift costs."""
+        if self.planner is None:
+            return
+        self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
+        self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
+        for shift in shifts:
+            key = (shift["from"], shift["to"])
+            if key in self.planner.costs:
+                self.planner.costs[key] = 0.5 * self.planner.costs[key] + 0.5 * shift["seconds"]
 
 
 class Timeline:
@@ -303,6 +369,16 @@ class Timeline:
         fig.tight_layout()
         fig.savefig(self.out / "timeline.png", dpi=100)
         plt.close(fig)
+
+
+def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
+    """Every response of the step with its critique and reward, for reading what the judge rewards."""
+    if d.rank != 0:
+        return
+    with open(out / "samples.jsonl", "a") as f:
+        for s in samples:
+            f.write(json.dumps({"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
+                                "reward": s.reward, "advantage": s.advantage, "reference": s.reference}) + "\n")
 
 
 def log_step(d: Dist, out: Path, record: dict) -> None:

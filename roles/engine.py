@@ -120,6 +120,14 @@ class Engine:
     def in_flight(self) -> int:
         return len(self.requests)
 
+    def generated(self) -> list[int]:
+        """Tokens generated so far by each request in flight."""
+        return [len(self.completions[rid].token_ids) for rid in self.requests]
+
+    def in_flight_tokens(self) -> int:
+        """Prompt and generated tokens in flight: what a migration of them all would prefill again."""
+        return sum(len(r.prompt_ids) + len(self.completions[rid].token_ids) for rid, r in self.requests.items())
+
     def export(self) -> list[Request]:
         """Aborts every request in flight; returns each with its progress, ready to `add` elsewhere."""
         if not self.requests:

@@ -50,6 +50,7 @@ class GenRM:
         """Sets the sample's critique and reward; False when the verdict is unreadable and the rule
         asks for another try (the caller then judges `self.request(sample, step, retry=True)`)."""
         sample.critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
+        sample.critique_tokens = len(done.token_ids)
         reward = parse_verdict(sample.critique)
         sample.parse_failed, sample.reward = reward is None, reward or 0.0
         if reward is None and self.on_parse_failure == "stop":

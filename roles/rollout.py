@@ -22,6 +22,7 @@ class Sample:
     parse_failed: bool = False
     advantage: float = 0.0
     prefill_tokens: int = 0  # prefilled again because the sequence migrated
+    critique_tokens: int = 0
 
     @property
     def key(self) -> tuple[int, int]:

@@ -32,6 +32,10 @@ class Report:
     in_flight: int = 0
     finished: list[tuple[Request, Completion]] = field(default_factory=list)
     exported: list[Request] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)  # tokens so far of each request in flight
+    in_flight_tokens: int = 0  # their prompt + generated tokens
+    step_seconds: float = 0.0  # the rank's last engine step, and its batch
+    step_batch: int = 0
 
 
 @dataclass
@@ -57,8 +61,10 @@ class StepQueues:
         self.parse_failures = 0
         self.judge_runs = 0  # judge requests completed, retries excluded
         self.migrated = 0  # sequences exported by a shift and queued again
+        self.reports: list[Report] = []  # the last tick's, in rank order
 
     def ingest(self, reports: list[Report]) -> None:
+        self.reports = reports
         for report in reports:
             self.migrated += len(report.exported)
             for request in report.exported:
@@ -158,14 +164,18 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
         engine = context.engines.get(context.role)
         if engine is not None and orders.work:
             engine.add(orders.work)
-        finished = []
+        finished, seconds, batch = [], 0.0, 0
         if engine is not None and engine.in_flight():
-            start = time.perf_counter()
+            start, batch = time.perf_counter(), engine.in_flight()
             with timeline.busy(step, context.role):
                 finished = engine.step()
+            seconds = time.perf_counter() - start
             resumed = any(r.generated for r in orders.work)
-            (resumed_ticks if resumed else plain_ticks).append(time.perf_counter() - start)
-        report = Report(context.role, engine.in_flight() if engine else 0, finished, exported)
+            (resumed_ticks if resumed else plain_ticks).append(seconds)
+        report = Report(context.role, finished=finished, exported=exported, step_seconds=seconds, step_batch=batch)
+        if engine is not None:
+            report.in_flight, report.generated = engine.in_flight(), engine.generated()
+            report.in_flight_tokens = engine.in_flight_tokens()
     samples = [None]
     if d.rank == 0:
         samples = [queues.ordered_samples()]
