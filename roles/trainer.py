@@ -64,6 +64,16 @@ def pack(samples, device) -> dict[str, torch.Tensor]:
             dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old).items()}
 
 
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The decoder layers FSDP2 shards one by one (a MoE layer with its experts): `model.model.layers` in
+    every causal LM tested here (Qwen2, Llama, Qwen3, Qwen3-MoE)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"{type(model).__name__} has no model.layers for FSDP2 to shard layer by layer; "
+                         f"use a causal LM laid out like Qwen2 or Llama, or extend roles/trainer.decoder_layers")
+    return layers
+
+
 def inference_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -97,7 +107,7 @@ class PolicyTrainer:
         """An FSDP2 module built on the meta device, then filled with this rank's rows of `field`."""
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.state.config, dtype=torch.float32)
-        for layer in model.model.layers:
+        for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         model.to_empty(device=self.device)

@@ -29,3 +29,15 @@ def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
     make_model(str(root / "policy"), init_std=0.2, seed=0)
     make_model(str(root / "genrm"), init_std=0.2, seed=1)
     return root / "policy", root / "genrm"
+
+
+@pytest.fixture(scope="session")
+def arch_models(tmp_path_factory) -> dict[str, Path]:
+    """One tiny model of each architecture, of different sizes; qwen3's tokenizer has a chat template."""
+    from tinymodel import make_model
+    root = tmp_path_factory.mktemp("arch_models")
+    shapes = {"qwen2": dict(hidden=128, layers=2), "llama": dict(hidden=192, layers=3),
+              "qwen3": dict(hidden=128, layers=2, chat_template=True), "qwen3_moe": dict(hidden=128, layers=2)}
+    for seed, (arch, shape) in enumerate(shapes.items()):
+        make_model(str(root / arch), arch=arch, init_std=0.2, seed=seed, **shape)
+    return {arch: root / arch for arch in shapes}
