@@ -72,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
                    help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
     # optimisation
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--clip-eps", type=float, default=0.2)

@@ -17,12 +17,13 @@ answers and RL can learn to keep the carry. Everything here is pure Python so th
 judge and the tests can use it without torch.
 """
 
+import itertools
 import json
 import random
 
 ANSWER_MARKER = ">"
 # Every character a response or a critique can hold; the tokenizer adds the judge template's own.
-TASK_CHARS = "0123456789+=,>; gotnevrdicw:"
+TASK_CHARS = "0123456789+=,>; gotnevrdicwl:"
 
 
 def make_operand(rng: random.Random, digits: int) -> int:
@@ -71,15 +72,23 @@ def is_correct(response: str, reference: str) -> bool:
     return extract_answer(response) == reference
 
 
-def critique(prompt: str, response: str) -> str:
-    """What the judge is trained to write: the sum worked afresh, the response's answer, the verdict.
+def critique(response: str, reference: str) -> str:
+    """What the judge is trained to write: the response's final answer, the gold answer (the data's
+    reference, shown in the judge's prompt), the two compared digit by digit from the left ("s" same,
+    "d" different, "n" where one has run out), then the verdict:
 
-    The judge needs no reference: it recomputes the answer with the same column steps and compares.
-    """
-    a, b = parse_prompt(prompt)
-    worked = solution(a, b)
-    verdict = "correct" if is_correct(response, str(a + b)) else "wrong"
-    return f"{worked}; got {extract_answer(response) or 'none'}; verdict: {verdict}"
+        got 322; gold 432; 34d 23d 22s; verdict: wrong
+
+    A judge that recomputed the sum itself was tried first: RL found responses whose odd layout (an
+    extra column, a wrong column sum) led the tiny judge's own arithmetic astray, so the policy's
+    reward rose while its accuracy fell. A judge that wrote both answers and then its verdict was
+    fooled next: it had to compare two numbers in one token. Digit pairs make each comparison local,
+    and the verdict is "wrong" exactly when some pair says "d"."""
+    got = extract_answer(response)
+    pairs = " ".join(f"{a}{b}{'s' if a == b else 'd'}"
+                     for a, b in itertools.zip_longest(got or "", reference, fillvalue="n"))
+    verdict = "correct" if got == reference else "wrong"
+    return f"got {got or 'none'}; gold {reference}; {pairs}; verdict: {verdict}"
 
 
 def write_jsonl(path: str, n: int, seed: int, min_digits: int = 1, max_digits: int = 4,

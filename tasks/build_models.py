@@ -7,12 +7,13 @@ tokenizer, each pre-trained from scratch with plain PyTorch on CPU:
 
 - models/arith-policy: prompt -> worked response, trained on solutions that forget each carry with
   probability --drop-carry-prob, so it starts weak (see tasks/arithmetic.py) and GRPO has room to improve.
-- models/arith-genrm: judge prompt (tasks/judge_arith.txt filled with a prompt and a response) -> critique
-  ending in "verdict: correct" or "verdict: wrong". It starts from the policy's weights, which already
-  know column addition, and learns to recompute the sum without dropping carries and compare answers.
+- models/arith-genrm: judge prompt (tasks/judge_arith.txt filled with the prompt, a response and the gold
+  answer) -> critique quoting the response's answer and the gold one, ending in "verdict: correct" or
+  "verdict: wrong". It starts from the policy's weights and learns from right, wrong, near-miss and
+  malformed responses. `--only-genrm` rebuilds it alone, over the shipped policy.
 
 Ends by printing the policy's greedy and sampled accuracy on the eval split and the judge's agreement
-with the true check on responses sampled from the policy.
+with the true check on responses sampled from the policy. Takes about 12 minutes on 2 idle CPU cores.
 """
 
 import argparse
@@ -50,10 +51,12 @@ def parse_args():
     p.add_argument("--drop-carry-prob", type=float, default=0.6)
     # optimisation
     p.add_argument("--policy-steps", type=int, default=800)
-    p.add_argument("--genrm-steps", type=int, default=800)
+    p.add_argument("--genrm-steps", type=int, default=1200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--only-genrm", action="store_true",
+                   help="keep models/arith-policy and rebuild the judge alone (as a full build would)")
     # output
     p.add_argument("--template", default=os.path.join(TASK_DIR, "judge_arith.txt"))
     p.add_argument("--data-dir", default=os.path.join(TASK_DIR, "data"))
@@ -106,29 +109,74 @@ def policy_example(rng, args, held_out, template) -> tuple[str, str]:
 
 
 def corrupt(rng: random.Random, response: str) -> str:
-    """A malformed or off-by-a-digit response, so the judge also sees what a drifting policy may write."""
-    kind = rng.randrange(3)
-    if kind == 0:
-        return response[:rng.randrange(len(response))]
+    """A malformed response, so the judge also sees what a drifting policy may write: truncated, a
+    character replaced, inserted or deleted anywhere (the answer included), or a column repeated."""
+    kind = rng.randrange(5)
+    if kind == 0 or len(response) < 2:
+        return response[:rng.randrange(len(response) + 1)]
     i = rng.randrange(len(response))
-    if rng.random() < 0.5:  # aim at the answer, where a near-miss matters
-        i = rng.randrange(response.rfind(arithmetic.ANSWER_MARKER) + 1, len(response))
     char = rng.choice("0123456789+=,>")
-    return response[:i] + char + response[i + (kind == 1):]
+    if kind == 1:
+        return response[:i] + char + response[i + 1:]
+    if kind == 2:
+        return response[:i] + char + response[i:]
+    if kind == 3:
+        return response[:i] + response[i + 1:]
+    steps = response.split(",")
+    j = rng.randrange(len(steps))
+    return ",".join(steps[:j + 1] + steps[j:])
 
 
-def policy_like_response(rng: random.Random, a: int, b: int) -> str:
+def near_miss(rng: random.Random, response: str, reference: str) -> str:
+    """The worked steps with a final answer one edit away from the reference: the hardest wrong
+    answers to tell from right ones."""
+    digits = list(reference)
+    i, kind = rng.randrange(len(digits)), rng.randrange(3)
+    if kind == 0:
+        digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
+    elif kind == 1:
+        digits.insert(i, rng.choice("0123456789"))
+    elif len(digits) > 1:
+        del digits[i]
+    else:
+        digits.append(rng.choice("0123456789"))
+    return response.rsplit(arithmetic.ANSWER_MARKER, 1)[0] + arithmetic.ANSWER_MARKER + "".join(digits)
+
+
+def scrambled(rng: random.Random, a: int, b: int) -> str:
+    """Steps that need not add up, then the right answer, a near miss or any number: the verdict must
+    follow the final answer alone, whatever the steps look like."""
+    steps = ",".join(f"{rng.randrange(10)}+{rng.randrange(10)}{'+1' * rng.randrange(2)}={rng.randrange(20)}"
+                     for _ in range(rng.randint(1, 5)))
+    answer, kind = str(a + b), rng.random()
+    if kind < 0.4:
+        return f"{steps}>{answer}"
+    if kind < 0.7:
+        return near_miss(rng, f"{steps}>", answer)
+    return f"{steps}>{rng.randrange(10 ** rng.randint(1, 5))}"
+
+
+def judged_response(rng: random.Random, a: int, b: int) -> str:
+    """A response for the judge to learn from: right, policy-like wrong, a near miss, scrambled steps,
+    or malformed."""
     kind = rng.random()
-    if kind < 0.35:
+    if kind < 0.25:
         return arithmetic.solution(a, b)
     response = arithmetic.solution(a, b, rng.uniform(0.2, 1.0), rng)
-    return response if kind < 0.8 else corrupt(rng, response)
+    if kind < 0.45:
+        return response
+    if kind < 0.6:
+        return near_miss(rng, arithmetic.solution(a, b), str(a + b))
+    if kind < 0.85:
+        return scrambled(rng, a, b)
+    return corrupt(rng, response if rng.random() < 0.5 else arithmetic.solution(a, b))
 
 
 def genrm_example(rng, args, held_out, template) -> tuple[str, str]:
     prompt, a, b = sample_problem(rng, args, held_out)
-    response = policy_like_response(rng, a, b)
-    return template.format(prompt=prompt, response=response), arithmetic.critique(prompt, response)
+    response, reference = judged_response(rng, a, b), str(a + b)
+    return (template.format(prompt=prompt, response=response, reference=reference),
+            arithmetic.critique(response, reference))
 
 
 def make_batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +192,7 @@ def make_batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, t
 
 
 def train(model, tokenizer, example, steps: int, args, rng, held_out, template, name: str):
+    """`example(rng, args, held_out, template)` returns one fresh (prompt, target) pair."""
     # Right padding needs no attention mask: causal attention never lets a real token see a pad.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, steps // 20)
@@ -189,7 +238,8 @@ def parse_verdict(critique: str) -> str | None:
 
 def judge_agreement(genrm, tokenizer, template, prompts, responses, references):
     """Fraction of verdicts equal to the true check, and counts by (truth, verdict)."""
-    judge_prompts = [template.format(prompt=p, response=r) for p, r in zip(prompts, responses)]
+    judge_prompts = [template.format(prompt=p, response=r, reference=ref)
+                     for p, r, ref in zip(prompts, responses, references)]
     verdicts = [parse_verdict(c) for c in generate(genrm, tokenizer, judge_prompts, 0.0, MAX_CRITIQUE_TOKENS)]
     truths = ["correct" if arithmetic.is_correct(r, ref) else "wrong" for r, ref in zip(responses, references)]
     confusion = {(t, v): 0 for t in ("correct", "wrong") for v in ("correct", "wrong", None)}
@@ -222,13 +272,20 @@ def main():
     prompts, references = [p["prompt"] for p in eval_set], [p["reference"] for p in eval_set]
 
     tokenizer = build_tokenizer(template)
-    policy = build_model(tokenizer, args.hidden_size, args.layers)
-    train(policy, tokenizer, policy_example, args.policy_steps, args, rng, held_out, template, "policy")
-    save(policy, tokenizer, os.path.join(args.models_dir, "arith-policy"))
+    policy_dir = os.path.join(args.models_dir, "arith-policy")
+    if args.only_genrm:
+        policy = Qwen2ForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
+    else:
+        policy = build_model(tokenizer, args.hidden_size, args.layers)
+        train(policy, tokenizer, policy_example, args.policy_steps, args, rng, held_out, template, "policy")
+        save(policy, tokenizer, policy_dir)
 
+    # The judge's own seeds: --only-genrm rebuilds exactly the judge a full build makes.
+    torch.manual_seed(args.seed + 3)
+    genrm_rng = random.Random(args.seed + 3)
     genrm = build_model(tokenizer, args.hidden_size, args.layers)
     genrm.load_state_dict(policy.state_dict())
-    train(genrm, tokenizer, genrm_example, args.genrm_steps, args, rng, held_out, template, "genrm")
+    train(genrm, tokenizer, genrm_example, args.genrm_steps, args, genrm_rng, held_out, template, "genrm")
     save(genrm, tokenizer, os.path.join(args.models_dir, "arith-genrm"))
 
     greedy = generate(policy, tokenizer, prompts, 0.0, MAX_RESPONSE_TOKENS)

@@ -12,14 +12,16 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps + 1))
     for r in records[:-1]:
-        assert r["samples"] == 16 * 8 and r["shifts"] == []
+        assert r["samples"] == 16 * 8 and r["migrated_sequences"] == 0
+        # colocated: each rank rolls out, judges, trains and comes back to rollout, nothing in flight moved
+        assert sorted((s["from"], s["to"]) for s in r["shifts"]) == sorted(
+            [("rollout", "genrm"), ("genrm", "train"), ("train", "rollout")] * 2)
         assert set(r["busy_s"]) == {"rollout", "genrm", "train"}
         assert r["samples_per_s"] > 0 and r["genrm_parse_unresolved"] == 0
     first, last = records[0], records[-1]
     assert first["genrm_agreement"] >= 0.9 and last["genrm_agreement"] >= 0.9
-    # learning from the judge's verdicts alone: the sampled reward and the greedy accuracy both rise
-    rewards = [r["reward_mean"] for r in records[:-1]]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3
-    assert last["eval_accuracy"] > first["eval_accuracy"]
+    # learning from the judge's verdicts alone: greedy accuracy on the held-out prompts rises
+    # (a step's mean reward is too noisy to compare over 8 steps: each step draws other prompts)
+    assert last["eval_accuracy"] >= first["eval_accuracy"] + 0.2
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     assert {s["rank"] for s in timeline} == {0, 1} and (out / "timeline.png").stat().st_size > 0
