@@ -46,8 +46,10 @@ def init_distributed() -> Dist:
 
 
 def shutdown_distributed() -> None:
-    # vLLM's engine tears the default group down with itself; only destroy what is left.
+    # vLLM's engine tears the default group down with itself; only destroy what is left, once every rank
+    # is here (a rank destroying its group while a peer still uses it can abort that peer).
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
