@@ -33,6 +33,7 @@ from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
+import checkpoint
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
 from shifting.scheduler import ROLES, StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
@@ -94,6 +95,8 @@ def parse_args(argv=None):
     p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
     # run
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between checkpoints in OUT/checkpoints; the same command again resumes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
     # dry run
@@ -188,21 +191,33 @@ def main(argv=None):
         print(data_line(data_info, args))
         dryrun.print_plan(dryrun.plan(args))
         return
-    out = Path(args.out)
+    out, resume = Path(args.out), None
     if (out / "metrics.jsonl").exists():
-        sys.exit(f"--out {out} already holds a run (metrics.jsonl); pass a new --out directory")
+        resume = checkpoint.latest(out)
+        if resume is None:
+            sys.exit(f"--out {out} holds a run with no checkpoint to resume from: pass a new --out directory "
+                     f"(and --checkpoint-every K to make runs resumable)")
+        changed = checkpoint.differing_flags(json.loads((out / "config.json").read_text()), args)
+        if changed:
+            sys.exit(f"--out {out} holds a run with other settings, so it cannot resume: " + "; ".join(changed))
     d = init_distributed()
+    start = resume["steps_done"] if resume else 0
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(vars(args), indent=2))
         (out / "run_info.json").write_text(json.dumps(data_info, indent=2))
         print(data_line(data_info, args))
+        if resume:
+            print(f"resuming from {resume['folder']} after step {start - 1}")
+            forget_after(out, start)
 
     on_gpu = d.device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
     train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0)
     storage = ParameterStorage(d, "policy", train_state.weight_shapes(dtype))
-    train_state.publish_weights(storage, version=0)
+    if resume:
+        checkpoint.restore(d, resume, train_state)
+    train_state.publish_weights(storage, version=start)
     genrm_storage = checkpoint_storage(d, "genrm", args.genrm, dtype)
     kv = args.kv_cache_mb << 20
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
@@ -219,7 +234,9 @@ def main(argv=None):
     timeline = Timeline(d, out)
     board = tensorboard_writer(d, out)
 
-    for step in range(args.steps + 1):
+    if resume:
+        storage.load_into(rollout_engine.engine)
+    for step in range(start, args.steps + 1):
         record = {"step": step}
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, rollout_engine, genrm, eval_set, args, step))
@@ -241,6 +258,8 @@ def main(argv=None):
         record.update(timeline.close_step(step))
         log_step(d, out, record, board)
         log_samples(d, out, step, samples)
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            checkpoint.save(d, out, step + 1, train_state, context)
 
     timeline.draw()
     if board is not None:
@@ -429,6 +448,15 @@ class Timeline:
         fig.tight_layout()
         fig.savefig(self.out / "timeline.png", dpi=100)
         plt.close(fig)
+
+
+def forget_after(out: Path, start: int) -> None:
+    """Drops what a run logged for steps it will do again on resuming (those after its checkpoint)."""
+    for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
+        path = out / name
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < start]
+            path.write_text("".join(line + "\n" for line in kept))
 
 
 def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:

@@ -1,0 +1,71 @@
+"""Checkpoints of a run, in OUT/checkpoints/: the policy's whole training state (the bytes of the
+TrainState storage: fp32 master weights, AdamW moments, optimizer step) and the number of steps done.
+
+A checkpoint is written to a temporary folder, flushed, then renamed, and only then named in LATEST
+(written the same way), so LATEST always names a complete checkpoint and one cut short is never
+resumed from. Nothing else needs saving for an exact resume: every sample's seed, the data order and
+a forced shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
+"""
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# The flags a resumed run must share with the run it continues (--steps may grow).
+SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
+              "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
+              "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
+              "force_shifts")
+
+
+def latest(out: Path) -> dict | None:
+    marker = out / "checkpoints" / "LATEST"
+    if not marker.exists():
+        return None
+    folder = out / "checkpoints" / marker.read_text().strip()
+    return {"folder": folder, **json.loads((folder / "meta.json").read_text())}
+
+
+def differing_flags(saved: dict, args) -> list[str]:
+    return [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
+            for k in SAME_FLAGS if saved.get(k) != getattr(args, k)]
+
+
+def save(d, out: Path, steps_done: int, train_state, context) -> None:
+    """Collective. Train ranks still holding their trainer first write its rows to storage; then rank 0
+    writes the node's copy of the state."""
+    holding = torch.tensor([int(context.trainer is not None)])
+    dist.all_reduce(holding, group=d.control)
+    if holding.item():
+        train_state.save(context.trainer)
+    if d.rank == 0:
+        root = out / "checkpoints"
+        name = f"step-{steps_done:06d}"
+        tmp = root / f".{name}.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        _write(tmp / "state.bin", train_state.state.buffer.numpy().tobytes())
+        _write(tmp / "meta.json", json.dumps({"steps_done": steps_done}).encode())
+        os.replace(tmp, root / name)
+        _write(root / ".LATEST.tmp", name.encode())
+        os.replace(root / ".LATEST.tmp", root / "LATEST")
+    dist.barrier(group=d.control)
+
+
+def restore(d, checkpoint: dict, train_state) -> None:
+    """Collective: each node's writer fills its copy of the training state from the checkpoint."""
+    if d.local_rank == 0:
+        data = (checkpoint["folder"] / "state.bin").read_bytes()
+        if len(data) != train_state.state.nbytes:
+            raise SystemExit(f"{checkpoint['folder']}: the saved training state has {len(data)} bytes, this "
+                             f"policy's has {train_state.state.nbytes}: is --policy the checkpoint's model?")
+        train_state.state.buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.barrier(group=d.control)
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
