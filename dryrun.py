@@ -11,6 +11,7 @@ length and are not estimated. A colocated rank holds one role at a time (the oth
 is its largest role. Per node, the Global Parameter Storage keeps one host copy of each model's weights
 and the policy's full training state.
 """
+import math
 import sys
 
 import torch
@@ -46,7 +47,7 @@ def model_summary(model_dir: str, dtype: torch.dtype) -> dict:
     except ValueError as e:
         sys.exit(f"{model_dir}: {e}")
     return {"dir": model_dir, "architecture": ",".join(config.architectures or [type(model).__name__]),
-            "shapes": shapes, "params": sum(_numel(s) for s in shapes),
+            "shapes": shapes, "params": sum(math.prod(s) for s in shapes),
             "layer_params": max(sum(p.numel() for p in layer.parameters()) for layer in layers),
             "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
             "kv_bytes_per_token": 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize}
@@ -57,7 +58,7 @@ def fsdp_rows(shapes: list[tuple], ranks: int) -> int:
     total = 0
     for shape in shapes:
         start, stop = shard_rows(shape[0], 0, ranks)
-        total += (stop - start) * _numel(shape[1:])
+        total += (stop - start) * math.prod(shape[1:])
     return total
 
 
@@ -155,10 +156,3 @@ def _ranges(ranks: list[int]) -> str:
             spans.append(f"{start}-{prev}" if prev > start else f"{start}")
             start = cur
     return ", ".join(spans)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

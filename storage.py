@@ -12,6 +12,7 @@ copies, and `share_on_device` keeps one device-resident copy per node that the o
 through CUDA IPC handles.
 """
 import glob
+import math
 import os
 import time
 import uuid
@@ -35,7 +36,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[list[Slot], int]:
@@ -43,7 +44,7 @@ def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple
     slots, offset = [], _HEADER
     for name, shape, dtype in shapes:
         slots.append(Slot(name, tuple(shape), dtype, offset))
-        offset += -(-_numel(shape) * dtype.itemsize // _ALIGN) * _ALIGN
+        offset += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
     return slots, offset
 
 
@@ -267,10 +268,3 @@ class TrainState:
     def close(self) -> None:
         self.state.close()
         self.frozen.close()
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -21,6 +21,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -79,18 +80,12 @@ def measure(d, name: str, policy_dir: str, genrm_dir: str, repeats: int, kv_byte
     train_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->train"))
     engine_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->rollout"))
     first_build = next(r["onload"] for r in records if r["to"] == "train")
-    return {"params": sum(_numel(shape) for _, shape in state.params), "weight_bytes": weight_bytes,
+    return {"params": sum(math.prod(shape) for _, shape in state.params), "weight_bytes": weight_bytes,
             "threads": torch.get_num_threads(), "memcpy_GBps": rate / 1e9,
             "onload_GBps": train_rate / 1e9, "onload_ratio": train_rate / rate, "first_train_onload_s": first_build,
             "engine_onload_GBps": engine_rate / 1e9, "engine_onload_ratio": engine_rate / rate,
             "pairs": summary}, ctx
 
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def print_table(results: dict) -> None:

@@ -13,9 +13,8 @@ three rules (`--on-parse-failure`): `fail` scores it 0.0; `retry` judges it once
 """
 import re
 
-import numpy as np
-
 from roles.engine import Completion, Engine, Request
+from roles.rollout import sample_seed
 from tasks.dataset import encode_prompt
 
 VERDICT = re.compile(r"verdict:\s*(correct|wrong)\b")
@@ -73,8 +72,7 @@ class GenRM:
         rid = f"j/{sample.prompt_index}/{sample.sample_index}"
         if not retry:
             return Request(rid, ids, self.max_tokens, 0.0)
-        seed = int(np.random.SeedSequence([self.seed, step, *sample.key]).generate_state(1)[0])
-        return Request(rid + "/retry", ids, self.max_tokens, 1.0, seed)
+        return Request(rid + "/retry", ids, self.max_tokens, 1.0, sample_seed(self.seed, step, *sample.key))
 
     def score(self, sample, request: Request, done: Completion) -> bool:
         """Sets the sample's critique and reward; False when the final line is unreadable and the rule

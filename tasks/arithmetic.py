@@ -104,8 +104,3 @@ def write_jsonl(path: str, n: int, seed: int, min_digits: int = 1, max_digits: i
         for problem in problems.values():
             f.write(json.dumps(problem) + "\n")
     return set(problems)
-
-
-def read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

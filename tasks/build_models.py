@@ -28,6 +28,7 @@ from tokenizers import pre_tokenizers
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from tasks import arithmetic
+from tasks.dataset import load_jsonl
 
 TASK_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TASK_DIR)
@@ -268,7 +269,7 @@ def main():
     held_out = arithmetic.write_jsonl(eval_path, args.eval_size, args.seed + 1, args.min_digits, args.max_digits)
     arithmetic.write_jsonl(os.path.join(args.data_dir, "arith_train.jsonl"), args.train_size, args.seed + 2,
                            args.min_digits, args.max_digits, exclude=held_out)
-    eval_set = arithmetic.read_jsonl(eval_path)
+    eval_set = load_jsonl(eval_path)
     prompts, references = [p["prompt"] for p in eval_set], [p["reference"] for p in eval_set]
 
     tokenizer = build_tokenizer(template)
