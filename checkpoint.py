@@ -3,15 +3,19 @@ TrainState storage: fp32 master weights, AdamW moments, optimizer step) and the 
 
 A checkpoint is written to a temporary folder, flushed, then renamed, and only then named in LATEST
 (written the same way), so LATEST always names a complete checkpoint and one cut short is never
-resumed from. Nothing else needs saving for an exact resume: every sample's seed, the data order and
-a forced shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
+resumed from. With it goes what the pivot planner has learned (engine-step fits, shift costs, lengths
+seen). Nothing else needs saving for an exact resume: every sample's seed, the data order and a forced
+shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
 """
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+import faults
 
 # The flags a resumed run must share with the run it continues (--steps may grow).
 SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
@@ -33,9 +37,9 @@ def differing_flags(saved: dict, args) -> list[str]:
             for k in SAME_FLAGS if saved.get(k) != getattr(args, k)]
 
 
-def save(d, out: Path, steps_done: int, train_state, context) -> None:
+def save(d, out: Path, steps_done: int, train_state, context, planner: dict | None = None) -> None:
     """Collective. Train ranks still holding their trainer first write its rows to storage; then rank 0
-    writes the node's copy of the state."""
+    writes the node's copy of the state and what the planner has learned (`planner`, rank 0's)."""
     holding = torch.tensor([int(context.trainer is not None)])
     dist.all_reduce(holding, group=d.control)
     if holding.item():
@@ -46,7 +50,10 @@ def save(d, out: Path, steps_done: int, train_state, context) -> None:
         tmp = root / f".{name}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         _write(tmp / "state.bin", train_state.state.buffer.numpy().tobytes())
-        _write(tmp / "meta.json", json.dumps({"steps_done": steps_done}).encode())
+        _write(tmp / "meta.json", json.dumps({"steps_done": steps_done, "planner": planner}).encode())
+        faults.point("checkpoint", d.rank)
+        if (root / name).exists():  # renamed by a run killed before naming it in LATEST: never resumed from
+            shutil.rmtree(root / name)
         os.replace(tmp, root / name)
         _write(root / ".LATEST.tmp", name.encode())
         os.replace(root / ".LATEST.tmp", root / "LATEST")

@@ -19,6 +19,7 @@ import argparse
 import gc
 import json
 import os
+import string
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -34,6 +35,7 @@ from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 import checkpoint
+import faults
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
 from shifting.scheduler import ROLES, StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
@@ -96,7 +98,8 @@ def parse_args(argv=None):
     # run
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="steps between checkpoints in OUT/checkpoints; the same command again resumes")
+                   help="steps between checkpoints in OUT/checkpoints (and one after the last step); the same "
+                        "command again resumes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
     # dry run
@@ -116,12 +119,14 @@ def check_config(args) -> str:
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
     for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
                       ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
-                      ("max_seqs", 1)):
+                      ("max_seqs", 1), ("checkpoint_every", 0)):
         if getattr(args, flag) < low:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
+    if args.dry_run != (args.world_size is not None):
+        sys.exit("--dry-run and --world-size N go together: the dry run plans for N ranks")
     try:
         template = Path(args.judge_template).read_text()
     except OSError as e:
@@ -130,7 +135,7 @@ def check_config(args) -> str:
         if not args.split:
             sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,genrm=1,train=1")
         try:
-            roles = parse_split(args.split, int(os.environ.get("WORLD_SIZE", "1")))
+            roles = parse_split(args.split, args.world_size if args.dry_run else int(os.environ.get("WORLD_SIZE", "1")))
         except ValueError as e:
             sys.exit(str(e))
         if "train" not in roles:
@@ -142,9 +147,43 @@ def check_config(args) -> str:
     if args.judge_kind == "rubric" and "{rubric}" not in template:
         sys.exit(f"--judge-template {args.judge_template} has no {{rubric}}, which a rubric judge shows the judge "
                  f"(see tasks/judge_rubric.txt)")
-    if args.dry_run != (args.world_size is not None):
-        sys.exit("--dry-run and --world-size N go together: the dry run plans for N ranks")
+    if os.environ.get("PIVOT_KILL"):
+        try:
+            faults.parse(os.environ["PIVOT_KILL"])
+        except ValueError as e:
+            sys.exit(str(e))
     return template
+
+
+def load_tokenizer(args, flag: str):
+    """The tokenizer of --policy or --genrm, after reading the model's config: an unreadable directory
+    fails here, before any work, rather than deep inside an engine."""
+    from transformers import AutoConfig, AutoTokenizer
+    path = getattr(args, flag)
+    try:
+        AutoConfig.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.exit(f"--{flag} {path}: cannot read it as a Hugging Face model ({reason}); pass a directory with its "
+                 f"config.json, tokenizer files and weights as save_pretrained writes them")
+
+
+def check_tokenizers(args, template: str, policy_tok, genrm_tok) -> None:
+    """The judge's tokenizer must be able to write its template's text and the final line the parser
+    reads, and end a critique; the policy's must be able to write --answer-marker."""
+    if genrm_tok.eos_token_id is None:
+        sys.exit(f"--genrm {args.genrm}: its tokenizer has no end-of-sequence token, so every critique would run "
+                 f"to --max-critique-tokens: set eos_token in its tokenizer_config.json")
+    final = "score: 10" if args.judge_kind == "rubric" else "verdict: correct verdict: wrong"
+    literal = "".join(text for text, *_ in string.Formatter().parse(template))
+    for tok, flag, what, text in ((genrm_tok, "--genrm", f"--judge-template {args.judge_template}", literal),
+                                  (genrm_tok, "--genrm", f"the {args.judge_kind} line the parser reads", final),
+                                  (policy_tok, "--policy", "--answer-marker", args.answer_marker)):
+        lost = [c for c in sorted(set(text)) if c not in tok.decode(tok(c, add_special_tokens=False).input_ids)]
+        if lost:
+            sys.exit(f"{flag} {getattr(args, flag[2:])}: its tokenizer cannot write {' '.join(map(repr, lost))} of "
+                     f"{what}: rewrite it without them, or use a tokenizer that has them")
 
 
 def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], list[dict], dict]:
@@ -183,18 +222,19 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
 def main(argv=None):
     args = parse_args(argv)
     template = check_config(args)
-    from transformers import AutoTokenizer
-    policy_tok, genrm_tok = AutoTokenizer.from_pretrained(args.policy), AutoTokenizer.from_pretrained(args.genrm)
+    policy_tok, genrm_tok = load_tokenizer(args, "policy"), load_tokenizer(args, "genrm")
+    check_tokenizers(args, template, policy_tok, genrm_tok)
     train_set, eval_set, data_info = load_data(args, template, policy_tok, genrm_tok)
     if args.dry_run:
         import dryrun
         print(data_line(data_info, args))
         dryrun.print_plan(dryrun.plan(args))
         return
-    out, resume = Path(args.out), None
-    if (out / "metrics.jsonl").exists():
-        resume = checkpoint.latest(out)
-        if resume is None:
+    out = Path(args.out)
+    resume, again = checkpoint.latest(out), (out / "config.json").exists()
+    if resume or (out / "metrics.jsonl").exists():
+        # A run killed before its first checkpoint starts over; one that never checkpoints is not overwritten.
+        if resume is None and not (args.checkpoint_every and again):
             sys.exit(f"--out {out} holds a run with no checkpoint to resume from: pass a new --out directory "
                      f"(and --checkpoint-every K to make runs resumable)")
         changed = checkpoint.differing_flags(json.loads((out / "config.json").read_text()), args)
@@ -207,8 +247,9 @@ def main(argv=None):
         (out / "config.json").write_text(json.dumps(vars(args), indent=2))
         (out / "run_info.json").write_text(json.dumps(data_info, indent=2))
         print(data_line(data_info, args))
-        if resume:
-            print(f"resuming from {resume['folder']} after step {start - 1}")
+        if again:
+            print(f"resuming from {resume['folder']} after step {start - 1}" if resume else
+                  f"--out {out} has no checkpoint yet: starting over")
             forget_after(out, start)
 
     on_gpu = d.device.type == "cuda"
@@ -226,6 +267,8 @@ def main(argv=None):
                   kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
                   judge_kind=args.judge_kind)
     placement = Placement(args, d.world_size)
+    if resume:
+        placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
@@ -258,8 +301,8 @@ def main(argv=None):
         record.update(timeline.close_step(step))
         log_step(d, out, record, board)
         log_samples(d, out, step, samples)
-        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            checkpoint.save(d, out, step + 1, train_state, context)
+        if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
+            checkpoint.save(d, out, step + 1, train_state, context, placement.state())
 
     timeline.draw()
     if board is not None:
@@ -384,6 +427,13 @@ class Placement:
         if self.planner is not None:
             return self.planner(roles, queues, rng)
         return roles if self.split else colocated_plan(roles, queues, rng)
+
+    def state(self) -> dict | None:
+        return self.planner.state() if self.planner else None
+
+    def load_state(self, state: dict | None) -> None:
+        if self.planner is not None and state is not None:
+            self.planner.load_state(state)
 
     def learn(self, samples: list[Sample], shifts: list[dict]) -> None:
         """The pivot planner's view of the next step: this step's lengths and measured shift costs."""

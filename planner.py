@@ -336,6 +336,21 @@ class LoopPlanner:
             self.since[move.rank] = 0.0
         return apply_moves(roles, moves)
 
+    def state(self) -> dict:
+        """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks."""
+        return {"fits": {role: list(fit.sums) for role, fit in self.fits.items()},
+                "costs": [[a, b, cost] for (a, b), cost in self.costs.items()],
+                "lengths": self.lengths.lengths.tolist(), "critiques": self.critiques.lengths.tolist(),
+                "since": self.since}
+
+    def load_state(self, state: dict) -> None:
+        for role, sums in state["fits"].items():
+            self.fits[role].sums = tuple(sums)
+        self.costs = {(a, b): cost for a, b, cost in state["costs"]}
+        self.lengths = LengthEstimate(state["lengths"], self.lengths.budget)
+        self.critiques = LengthEstimate(state["critiques"], self.critiques.budget)
+        self.since = state["since"]
+
     def measured_speeds(self) -> Speeds:
         engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
                    for role, fit in self.fits.items()}

@@ -32,13 +32,13 @@ def init_distributed() -> Dist:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **_store())
         control = dist.new_group(backend="gloo")
     else:
         device = torch.device("cpu")
         # One thread per rank: the ranks share the machine's cores.
         torch.set_num_threads(1)
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **_store())
         control = dist.group.WORLD
     return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(),
                 local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), device=device,
@@ -51,6 +51,17 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _store() -> dict:
+    """Under torchrun with --max-restarts, each launch's keys under their own prefix. A restarted group
+    is handed the same agent store as the launch before it, still holding that launch's keys: without
+    the prefix a restarted rank reads a dead peer's address and fails to connect."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return {}
+    store, rank, world_size = next(dist.rendezvous("env://"))
+    return {"store": dist.PrefixStore(f"pivotrl/launch-{attempt}/", store), "rank": rank, "world_size": world_size}
 
 
 def _free_port() -> int:

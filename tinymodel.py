@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-CHARS = list("0123456789+-*=,.>|:?! ") + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+CHARS = list("0123456789+-*=,.>|:?! ") + [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("\n()")
 ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3_moe")
 # A chat template of two added tokens, so a character tokenizer can show the chat path being taken.
 CHAT_TOKENS = ("<|user|>", "<|assistant|>")
@@ -49,15 +49,18 @@ def make_model(out: str, *, arch: str = "qwen2", hidden: int = 128, layers: int 
     are written (the model is built on the meta device): enough for `pivot_train.py --dry-run` at any size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    ids = {"<pad>": 0, "<eos>": 1} | {c: i + 2 for i, c in enumerate(CHARS)}
-    if chat_template:
-        ids |= {t: len(ids) + i for i, t in enumerate(CHAT_TOKENS)}
-    assert vocab >= len(ids), f"vocab must hold the {len(ids)} characters and tokens"
-    tok = Tokenizer(models.WordLevel(vocab=ids, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                        additional_special_tokens=list(CHAT_TOKENS) if chat_template else None)
+    chat = list(CHAT_TOKENS) if chat_template else []
+    assert vocab >= 2 + len(CHARS) + len(chat), f"vocab must hold the {2 + len(CHARS) + len(chat)} characters and tokens"
+    if arch == "qwen2":
+        tokenizer = qwen2_char_tokenizer(["<pad>", "<eos>"], CHARS, chat, unk_token="<pad>", eos_token="<eos>",
+                                         pad_token="<pad>")
+    else:
+        tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(["<pad>", "<eos>"] + CHARS + chat)},
+                                         unk_token="<pad>"))
+        tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+        tok.decoder = decoders.Fuse()
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                            additional_special_tokens=chat or None)
     if chat_template:
         tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
@@ -72,6 +75,22 @@ def make_model(out: str, *, arch: str = "qwen2", hidden: int = 128, layers: int 
     model.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     return sum(p.numel() for p in model.parameters())
+
+
+def qwen2_char_tokenizer(leading: list[str], chars, trailing: list[str], **special_tokens):
+    """One token per character, as a tokenizer beside a qwen2 config must be built: AutoTokenizer (and
+    so vLLM) loads it as a Qwen2Tokenizer, byte-level BPE, whatever tokenizer.json says, so its vocabulary
+    holds each character's byte-level form (" " -> "Ġ", "\n" -> "Ċ") and, with no merges, each is one
+    token; any other pre-tokenizer would be replaced on load and spaces or newlines lost. Ids: the
+    `leading` special tokens, `chars`, then the `trailing` ones (added as special tokens)."""
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+    if not all(c.isascii() for c in chars):
+        raise ValueError("one token per character needs ASCII characters (one byte each)")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokens = leading + [byte_level.pre_tokenize_str(c)[0][0] for c in chars] + trailing
+    return Qwen2Tokenizer(vocab={t: i for i, t in enumerate(tokens)}, merges=[], **special_tokens,
+                          additional_special_tokens=trailing or None)
 
 
 if __name__ == "__main__":

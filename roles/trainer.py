@@ -13,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
+import faults
 from storage import TrainState, shard_rows
 
 
@@ -201,6 +202,7 @@ class PolicyTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
+            faults.point("train", dist.get_rank())
             self.optimizer.step()
             dist.all_reduce(sums, group=self.group)
             stats["loss"] += sums[0].item() / max(total_tokens, 1) / len(minibatches)

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+import faults
 from runtime import Dist
 
 ROLES = ("rollout", "genrm", "train")
@@ -73,6 +74,7 @@ class RoleContext:
                 self.train_state.save(self.trainer)
             if moving:
                 self._offload(old)
+                faults.point("shift", self.d.rank)
         with stage(seconds, "onload"):
             group = self._group(train_ranks(roles)) if regroup and "train" in roles else None
             if moving:

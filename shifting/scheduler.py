@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+import faults
 from roles.engine import Completion, Request
 from roles.genrm import GenRM
 from roles.rollout import RolloutEngine, Sample, request_key
@@ -169,6 +170,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
             start, batch = time.perf_counter(), engine.in_flight()
             with timeline.busy(step, context.role):
                 finished = engine.step()
+            faults.point(context.role, d.rank)
             seconds = time.perf_counter() - start
             resumed = any(r.generated for r in orders.work)
             (resumed_ticks if resumed else plain_ticks).append(seconds)

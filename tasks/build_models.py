@@ -24,11 +24,11 @@ import string
 import time
 
 import torch
-from tokenizers import pre_tokenizers
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from tasks import arithmetic
 from tasks.dataset import load_jsonl
+from tinymodel import qwen2_char_tokenizer
 
 TASK_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TASK_DIR)
@@ -65,21 +65,11 @@ def parse_args():
     return p.parse_args()
 
 
-def build_tokenizer(template: str) -> Qwen2Tokenizer:
-    """One token per character: the task's characters plus the literal text of the judge template.
-
-    It is Qwen2's own byte-level BPE with no merges, because AutoTokenizer (and so vLLM) loads every
-    tokenizer beside a qwen2 config as a Qwen2Tokenizer, whatever tokenizer.json says; any other
-    pre-tokenizer would be replaced on load and spaces or newlines would be lost.
-    """
+def build_tokenizer(template: str):
+    """One token per character: the task's characters plus the literal text of the judge template."""
     literal = "".join(text for text, _, _, _ in string.Formatter().parse(template))
     chars = sorted(set(arithmetic.TASK_CHARS) | set(literal))
-    if not all(c.isascii() for c in chars):
-        raise ValueError("the judge template must be ASCII: one byte is one token")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokens = [byte_level.pre_tokenize_str(c)[0][0] for c in chars]  # " " -> "Ġ", "\n" -> "Ċ"
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tokens)}
-    return Qwen2Tokenizer(vocab=vocab, merges=[], unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+    return qwen2_char_tokenizer(SPECIAL_TOKENS, chars, [], unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
 
 
 def build_model(tokenizer, hidden_size: int, layers: int) -> Qwen2ForCausalLM:

@@ -10,11 +10,12 @@ sys.path.insert(0, str(ROOT))
 POLICY, GENRM = ROOT / "models/arith-policy", ROOT / "models/arith-genrm"
 
 
-def torchrun(script, *args, nproc=2, timeout=600) -> subprocess.CompletedProcess:
-    """Runs `script` under torchrun with real gloo process groups; fails the test with the output's tail."""
+def torchrun(script, *args, nproc=2, timeout=600, restarts=0, env=None) -> subprocess.CompletedProcess:
+    """Runs `script` under torchrun with real gloo process groups (`restarts`: torchrun's --max-restarts,
+    `env`: extra environment); fails the test with the output's tail."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(script), *map(str, args)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+           f"--max-restarts={restarts}", str(script), *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}")

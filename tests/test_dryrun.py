@@ -80,3 +80,4 @@ def test_rubric_judge_needs_rubric_in_template_and_data(config_only):
     with pytest.raises(SystemExit, match='records have no "rubric"'):
         pivot_train.main([str(a) for a in args_for(config_only, "--world-size", 8, "--judge-kind", "rubric",
                                                    "--judge-template", ROOT / "tasks/judge_rubric.txt")])
+
