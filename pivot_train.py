@@ -15,10 +15,15 @@ Across GPU nodes, on each node:
 Checking a configuration for 128 ranks first, without torchrun and without loading any weights:
     python pivot_train.py --dry-run --world-size 128 --policy /models/policy --genrm /models/judge ...
 """
+import os
+
+# Before torch loads: large host tensors on 2 MiB transparent huge pages. An onload fills freshly
+# allocated memory, and on 4 KiB pages the page faults, not the copy, set its speed.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import argparse
 import gc
 import json
-import os
 import string
 import sys
 import time
@@ -282,7 +287,7 @@ def main(argv=None):
     for step in range(start, args.steps + 1):
         record = {"step": step}
         if step % args.eval_every == 0 or step == args.steps:
-            record.update(evaluate(d, rollout_engine, genrm, eval_set, args, step))
+            record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
             log_step(d, out, record, board)
             break
@@ -351,16 +356,21 @@ def publish_weights(trainer: PolicyTrainer | None, storage: ParameterStorage, ve
     storage.publish_shards([] if trainer is None else trainer.weight_rows(), version)
 
 
-def evaluate(d: Dist, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
+def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
     """Greedy answers on the held-out prompts, checked against their references, and how often the
-    judge's verdict agrees with that check."""
+    judge's verdict agrees with that check. Every rank answers, then every rank judges, each in that
+    role (on GPU the other engine is asleep); the ranks then go back to the roles they held."""
+    held = list(context.roles)
+    context.apply(["rollout"] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
     with progress(d, len(mine), f"step {step} eval") as bar:
         responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens, bar)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
+    context.apply(["genrm"] * d.world_size)
     genrm.judge(samples, step)
+    context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
     rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
              None if (reward := genrm.parse(s.critique)) is None else reward >= 0.5) for s in samples]

@@ -47,9 +47,6 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.engine = Engine(policy_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes)
 
-    def load_weights(self, named_tensors) -> None:
-        self.engine.load_weights(named_tensors)
-
     @staticmethod
     def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
                  max_tokens: int) -> list[Request]:

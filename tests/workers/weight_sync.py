@@ -55,7 +55,7 @@ moved = max((trained[n] - p).abs().max().item() for n, p in initial.items())
 plain.load_state_dict(trained, strict=False)  # the tied head follows the embedding
 
 storage.publish(trainer.full_weights(), version=1)
-engine.load_weights(storage.named_tensors())
+storage.load_into(engine.engine)
 ids = [tok(p).input_ids for p in prompts]
 vllm_greedy = engine.engine.run([Request(str(i), x, 16, 0.0) for i, x in enumerate(ids)])
 vllm_tokens = [vllm_greedy[str(i)].token_ids for i in range(len(ids))]
