@@ -77,10 +77,10 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
     for folder in folders:
         config = json.loads((folder / "config.json").read_text())
         records = [r for r in read_jsonl(folder / "metrics.jsonl") if "samples_per_s" in r][1:]
-        mine = [s for s in read_jsonl(folder / "samples.jsonl") if s["step"] in {r["step"] for r in records}]
+        logged = [s for s in read_jsonl(folder / "samples.jsonl") if s["step"] in {r["step"] for r in records}]
         steps += records
         placed.setdefault(config["placement"], []).extend(records)
-        samples += mine
+        samples += logged
         for r in records:
             for shift in r["shifts"]:
                 shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
@@ -88,7 +88,7 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
         # update, so all `ranks` train ranks are busy together.
         split = dict(part.split("=") for part in config["split"].split(",")) if config["split"] else {}
         ranks = int(split.get("train", nproc))
-        tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in mine)
+        tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in logged)
         seconds = sum(r["busy_s"]["train"] for r in records) / contention(ranks, cpus)
         t = train.setdefault(ranks, [0, 0.0])
         t[0], t[1] = t[0] + tokens, t[1] + seconds

@@ -52,7 +52,8 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
 
 def print_group(group: str, r: dict) -> None:
     print(f"\n{group} on {r['gpus']} devices")
-    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}  roles at start (devices)")
+    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}"
+          f"  roles at start (devices)")
     for name, p in r["placements"].items():
         step = sum(p["step_s"]) / len(p["step_s"])
         print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{step:>9.1f}{p['shifts']:>8}"
