@@ -37,7 +37,7 @@ from tqdm import tqdm
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
-from runtime import Dist, init_distributed, shutdown_distributed
+from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 import checkpoint
 import faults
@@ -291,7 +291,7 @@ def main(argv=None):
         if step == args.steps:  # the last record is the evaluation of the final weights
             log_step(d, out, record, board)
             break
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_ticks()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
         samples, generation, parse_failures = rollout_and_judge(d, context, batch, rollout_engine, genrm,
                                                                 placement.plan, step, timeline, args)
@@ -302,7 +302,7 @@ def main(argv=None):
         shifts += context.apply(placement.start_roles())  # the rollout engines load the new version
         placement.learn(samples, shifts)
         record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
-        record.update(shifts=shifts, **generation)
+        record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
         record.update(timeline.close_step(step))
         log_step(d, out, record, board)
         log_samples(d, out, step, samples)
@@ -323,17 +323,19 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, plan, step
     """The step's samples, scored, in (prompt, sample) order on every rank; the shifts and
     migrations it took; the judge's first-try parse failures."""
     queues = StepQueues(batch, rollout_engine, genrm, step=step, args=args) if d.rank == 0 else None
+    start = time.perf_counter()
     with progress(d, len(batch) * args.group_size, f"step {step} rollout+judge") as bar:
         samples, shifts, resume_s = generate(d, context, queues, plan, capacity=args.max_seqs,
                                              seed=args.seed if args.force_shifts is None else args.force_shifts,
                                              step=step, timeline=timeline, progress=bar)
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
-    counts = [(queues.parse_failures, queues.migrated) if queues else None]
+    counts = [(queues.parse_failures, queues.migrated, queues.engine_metrics()) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
     return samples, {"shifts": shifts, "migrated_sequences": counts[0][1],
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
-                     "migration_prefill_s": resume.item()}, counts[0][0]
+                     "migration_prefill_s": resume.item(), "rollout_judge_s": time.perf_counter() - start,
+                     **counts[0][2]}, counts[0][0]
 
 
 def train_step(context, samples: list[Sample], args) -> dict:
@@ -526,7 +528,10 @@ def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
     with open(out / "samples.jsonl", "a") as f:
         for s in samples:
             f.write(json.dumps({"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
-                                "reward": s.reward, "advantage": s.advantage, "reference": s.reference}) + "\n")
+                                "reward": s.reward, "advantage": s.advantage, "reference": s.reference,
+                                "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
+                                "judge_prompt_tokens": s.judge_prompt_tokens,
+                                "critique_tokens": s.critique_tokens}) + "\n")
 
 
 def data_line(info: dict, args) -> str:

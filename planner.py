@@ -89,6 +89,13 @@ def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, s
     for role in _starved(ranks, work):
         moves.append(_give_rank(ranks, work, role))
         ranks[moves[-1].rank] = replace(ranks[moves[-1].rank], role=role, since_shift_s=0.0)
+    if not work.rollout_seqs and work.judge_prefill:
+        # finish_seconds has the rollout ranks join the judge when rollout ends; now it has and responses
+        # wait for the judge, so they do (left where they are, they would idle until the update).
+        for i, r in enumerate(ranks):
+            if r.role == "rollout":
+                moves.append(Move(i, "rollout", "genrm"))
+                ranks[i] = replace(r, role="genrm", since_shift_s=0.0)
     # Each pass moves ranks that then may not move again (dwell), so this ends.
     while (best := _best_move(ranks, work, speeds, costs, config)) is not None:
         moving, dst = best

@@ -1,6 +1,7 @@
 """One way into torch.distributed for every entry point (training script, tests, benchmarks)."""
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,22 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """This machine's (busy, total) CPU ticks since boot, every process counted, from /proc/stat; None
+    where there is none. Two readings give the busy fraction in between."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # all but idle and iowait
+
+
+def busy_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _store() -> dict:

@@ -1,13 +1,22 @@
 """The three placements on one task, models, seed and world size, in one invocation, interleaved.
 
     python bench/placements.py [--nproc 4] [--repeats 3] [--steps 10] [--split rollout=2,genrm=1,train=1]
-                               [--json PATH] [-- extra pivot_train.py flags]
+                               [--json PATH] [--out DIR] [-- extra pivot_train.py flags]
 
 Each run is `torchrun --nproc_per_node NPROC pivot_train.py --placement P` with the same flags; runs
 go colocated, disaggregated, pivot, colocated, ... so that the machine's drift hits all three alike.
 Per placement it prints the median over repeats of samples/s and tokens/s (measured over each run's
 steps after the first, which warms the engines), each role's busy fraction (busy seconds over ranks x
 step time), the ratios pivot/colocated and pivot/disaggregated, and the reward curves side by side.
+
+Cost model (for `python -m sim --calibration cpu --measured PATH`): from the same runs' metrics.jsonl,
+samples.jsonl and config.json it fits each engine role's step time, seconds = fixed + per_seq x batch,
+by least squares over the decode-only engine steps, the prefill rate from the steps that also took in
+requests, each role's training tokens/s per rank, the shift cost of each (from, to) pair (median of
+the runs' shift records), and keeps the lengths seen and the flags. Several ranks share few cores
+here: a step measured while k ranks stepped their engines on c cores is counted as max(1, k / c) times
+its uncontended time, the same law the simulator applies. Each run's machine-wide CPU busy fraction
+(/proc/stat before and after) bounds what any placement can gain over colocated: 1 / its busy fraction.
 
 Lengths: on the built-in task a response is a worked column-by-column sum, so its length grows with
 the operands' digit counts (1 to 4 each, drawn independently): 6 to 39 tokens; a critique quotes both
@@ -16,6 +25,7 @@ after `--` for longer tails.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,18 +33,102 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from runtime import busy_fraction, cpu_ticks  # noqa: E402
 PLACEMENTS = ("colocated", "disaggregated", "pivot")
 
 
-def run(placement: str, args, extra: list[str], out: Path) -> list[dict]:
+def run(placement: str, args, extra: list[str], out: Path) -> tuple[list[dict], float]:
+    """One run's metrics records and the machine's CPU busy fraction while it ran."""
+    before = cpu_ticks()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
            str(ROOT / "pivot_train.py"), "--placement", placement, "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--eval-prompts", "32", "--seed", str(args.seed), "--out", str(out),
            *(["--split", args.split] if placement == "disaggregated" else []), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    after = cpu_ticks()
     if proc.returncode != 0:
         sys.exit(f"{placement} run failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(out / "metrics.jsonl"), busy_fraction(before, after)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def contention(busy_ranks: int, cpus: int) -> float:
+    """How much slower a rank's work runs while `busy_ranks` ranks share `cpus` cores."""
+    return max(1.0, busy_ranks / cpus)
+
+
+def fit_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Weighted least squares of y = fixed + slope x over (x, y, weight) points."""
+    w = sum(p[2] for p in points)
+    x, y = sum(p[0] * p[2] for p in points) / w, sum(p[1] * p[2] for p in points) / w
+    xx = sum((p[0] - x) ** 2 * p[2] for p in points)
+    slope = sum((p[0] - x) * (p[1] - y) * p[2] for p in points) / xx if xx > 0 else 0.0
+    return y - slope * x, slope
+
+
+def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
+    """What the simulator's CpuModel needs (sim/calibration.py CPU_MEASURED), from the runs' files,
+    each run's first step (the engines' warm-up) left out."""
+    steps, samples, shifts, train, placed = [], [], {}, {}, {}
+    for folder in folders:
+        config = json.loads((folder / "config.json").read_text())
+        records = [r for r in read_jsonl(folder / "metrics.jsonl") if "samples_per_s" in r][1:]
+        logged = [s for s in read_jsonl(folder / "samples.jsonl") if s["step"] in {r["step"] for r in records}]
+        steps += records
+        placed.setdefault(config["placement"], []).extend(records)
+        samples += logged
+        for r in records:
+            for shift in r["shifts"]:
+                shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
+        # Training: the steps' tokens over the train ranks' busy seconds. Nothing else runs during the
+        # update, so all `ranks` train ranks are busy together.
+        split = dict(part.split("=") for part in config["split"].split(",")) if config["split"] else {}
+        ranks = int(split.get("train", nproc))
+        tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in logged)
+        seconds = sum(r["busy_s"]["train"] for r in records) / contention(ranks, cpus)
+        t = train.setdefault(ranks, [0, 0.0])
+        t[0], t[1] = t[0] + tokens, t[1] + seconds
+    out = {"cpus": cpus, "max_seqs": config["max_seqs"], "prompts_per_step": config["prompts_per_step"],
+           "group_size": config["group_size"], "max_response_tokens": config["max_response_tokens"],
+           "max_critique_tokens": config["max_critique_tokens"],
+           "prompt_tokens": statistics.mean(s["prompt_tokens"] for s in samples),
+           # The judge's template around prompt and response: what its prompt adds to theirs.
+           "judge_template_tokens": statistics.mean(s["judge_prompt_tokens"] - s["prompt_tokens"] - s["response_tokens"]
+                                                    for s in samples),
+           "response_lengths": [s["response_tokens"] for s in samples],
+           "critique_lengths": [s["critique_tokens"] for s in samples],
+           "shift_s": {pair: statistics.median(seconds) for pair, seconds in sorted(shifts.items())},
+           "shift_counts": {pair: len(seconds) for pair, seconds in sorted(shifts.items())},
+           "train_tokens_per_s_by_ranks": {n: tokens / seconds for n, (tokens, seconds) in sorted(train.items())}}
+    for role in ("rollout", "genrm"):
+        rows = [row for r in steps for row in r["engine_steps"][role]]  # [busy ranks, batch, steps, s, prefill]
+        decode = [(b, s / n / contention(k, cpus), n) for k, b, n, s, tokens in rows if not tokens]
+        fixed, per_seq = fit_line(decode)
+        # Prefill: what the steps that took in requests cost beyond the decode fit.
+        extra = sum(s / contention(k, cpus) - n * (fixed + per_seq * b) for k, b, n, s, tokens in rows if tokens)
+        prefilled = sum(row[4] for row in rows)
+        out |= {f"{role}_step_s": fixed, f"{role}_per_seq_s": per_seq,
+                f"{role}_prefill_per_s": prefilled / extra if extra > 0 else None,
+                f"{role}_engine_steps": sum(row[2] for row in rows)}
+        # The contention law checked: mean measured step beside the fit x max(1, k / c), per k ranks stepping.
+        out[f"{role}_by_busy_ranks"] = {}
+        for k in sorted({row[0] for row in rows}):
+            level = [row for row in rows if row[0] == k]
+            n = sum(row[2] for row in level)
+            out[f"{role}_by_busy_ranks"][k] = {
+                "steps": n, "measured_s": sum(row[3] for row in level) / n,
+                "predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in level) * contention(k, cpus) / n}
+    # The lockstep ticks: what one costs beyond its slowest engine step, the planner's time and the shifts
+    # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole tick.
+    exchange = sum(r["rollout_judge_s"] - r["ticks_engine_s"] - r["plan_s"] - r["rollout_judge_shift_s"] for r in steps)
+    out["tick_s"] = exchange / sum(r["ticks"] for r in steps)
+    for key, seconds in (("plan_tick_s", "plan_s"), ("tick_mean_s", "rollout_judge_s")):
+        out[key] = {p: sum(r[seconds] for r in placed[p]) / sum(r["ticks"] for r in placed[p]) for p in placed}
+    return out
 
 
 def summarise(records: list[dict], nproc: int) -> dict:
@@ -44,6 +138,8 @@ def summarise(records: list[dict], nproc: int) -> dict:
     return {"samples_per_s": sum(r["samples"] for r in steps) / seconds,
             "tokens_per_s": sum(r["tokens_per_s"] * r["step_time_s"] for r in steps) / seconds,
             "busy": busy, "shifts": sum(len(r["shifts"]) for r in steps) / len(steps),
+            # The machine's busy fraction during the measured steps (every process on it counted).
+            "steps_cpu_busy": sum(r["cpu_busy"] * r["step_time_s"] for r in steps) / seconds,
             "rewards": [r["reward_mean"] for r in records if "reward_mean" in r]}
 
 
@@ -57,16 +153,23 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="rollout=2,genrm=1,train=1")
     p.add_argument("--json", default=None)
+    p.add_argument("--out", default=None, help="keep the runs' directories here (default: a temporary one)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
 
     results = {placement: [] for placement in PLACEMENTS}
+    cpus = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(args.out or tmp)
+        folders = []
         for repeat in range(args.repeats):
             for placement in PLACEMENTS:
-                records = run(placement, args, extra, Path(tmp) / f"{placement}-{repeat}")
-                results[placement].append(summarise(records, args.nproc))
-                print(f"repeat {repeat} {placement:13s} {results[placement][-1]['samples_per_s']:7.1f} samples/s",
-                      flush=True)
+                folders.append(runs / f"{placement}-{repeat}")
+                records, cpu_busy = run(placement, args, extra, folders[-1])
+                results[placement].append(summarise(records, args.nproc) | {"cpu_busy": cpu_busy})
+                r = results[placement][-1]
+                print(f"repeat {repeat} {placement:13s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
+                      f"{r['steps_cpu_busy']:.0%} in its steps, {cpu_busy:.0%} over the run", flush=True)
+        model = cost_model(folders, args.nproc, cpus)
 
     table = {}
     for placement, runs in results.items():
@@ -75,20 +178,40 @@ def main():
             "samples_per_s": median, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
             "busy": {role: statistics.median(r["busy"][role] for r in runs) for role in ("rollout", "genrm", "train")},
             "shifts_per_step": statistics.median(r["shifts"] for r in runs),
+            "cpu_busy": statistics.median(r["cpu_busy"] for r in runs),
+            "steps_cpu_busy": statistics.median(r["steps_cpu_busy"] for r in runs),
             "rewards": runs[0]["rewards"], "runs": runs}
     figures = {"nproc": args.nproc, "steps": args.steps, "repeats": args.repeats, "split": args.split,
                "placements": table,
                "pivot_over_colocated": table["pivot"]["samples_per_s"] / table["colocated"]["samples_per_s"],
-               "pivot_over_disaggregated": table["pivot"]["samples_per_s"] / table["disaggregated"]["samples_per_s"]}
+               "pivot_over_disaggregated": table["pivot"]["samples_per_s"] / table["disaggregated"]["samples_per_s"],
+               # Colocated leaves the rest of the machine idle; no placement can use more than all of it.
+               "bound_over_colocated": 1 / table["colocated"]["steps_cpu_busy"], **model}
 
     print(f"\n{'placement':14s} {'samples/s':>10s} {'tokens/s':>10s} {'rollout':>8s} {'genrm':>8s} {'train':>8s} "
-          f"{'shifts/step':>12s}")
+          f"{'shifts/step':>12s} {'CPU busy: steps':>16s} {'whole run':>10s}")
     for placement, row in table.items():
         b = row["busy"]
         print(f"{placement:14s} {row['samples_per_s']:10.1f} {row['tokens_per_s']:10.1f} {b['rollout']:8.2f} "
-              f"{b['genrm']:8.2f} {b['train']:8.2f} {row['shifts_per_step']:12.1f}")
+              f"{b['genrm']:8.2f} {b['train']:8.2f} {row['shifts_per_step']:12.1f} {row['steps_cpu_busy']:16.0%} "
+              f"{row['cpu_busy']:10.0%}")
     print(f"\npivot / colocated      {figures['pivot_over_colocated']:.2f}x")
     print(f"pivot / disaggregated  {figures['pivot_over_disaggregated']:.2f}x")
+    print(f"bound over colocated   {figures['bound_over_colocated']:.2f}x  (1 / colocated's CPU busy fraction "
+          f"during its steps; {cpus} cores, shared with whatever else runs on the machine)")
+    print(f"\ncost model ({cpus} cores; seconds uncontended, i.e. measured / max(1, ranks stepping / cores))")
+    for role in ("rollout", "genrm"):
+        print(f"  {role:8s} engine step {model[f'{role}_step_s'] * 1e3:.2f} ms + "
+              f"{model[f'{role}_per_seq_s'] * 1e3:.3f} ms/seq over {model[f'{role}_engine_steps']} steps, "
+              f"prefill {model[f'{role}_prefill_per_s'] or 0:.0f} tokens/s; by ranks stepping: " + ", ".join(
+                  f"{k}: {v['measured_s'] * 1e3:.1f} ms measured, {v['predicted_s'] * 1e3:.1f} fitted"
+                  for k, v in model[f"{role}_by_busy_ranks"].items()))
+    print("  train    " + ", ".join(f"{n} rank(s) {v:.0f}" for n, v in model["train_tokens_per_s_by_ranks"].items())
+          + " tokens/s per rank")
+    print("  shifts   " + ", ".join(f"{pair} {v:.3f} s" for pair, v in model["shift_s"].items()))
+    print(f"  ticks    {model['tick_s'] * 1e3:.1f} ms of exchange each beyond the slowest engine step; planner "
+          + ", ".join(f"{p} {v * 1e3:.2f}" for p, v in model["plan_tick_s"].items()) + " ms; a whole tick "
+          + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["tick_mean_s"].items()) + " ms")
     print("\nreward per step (first repeat)")
     print("step " + " ".join(f"{p:>13s}" for p in PLACEMENTS))
     for step in range(args.steps):

@@ -78,7 +78,7 @@ class GenRM:
         """Sets the sample's critique and reward; False when the final line is unreadable and the rule
         asks for another try (the caller then judges `self.request(sample, step, retry=True)`)."""
         sample.critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
-        sample.critique_tokens = len(done.token_ids)
+        sample.critique_tokens, sample.judge_prompt_tokens = len(done.token_ids), len(request.prompt_ids)
         reward = self.parse(sample.critique)
         sample.parse_failed, sample.reward = reward is None, reward or 0.0
         if reward is None and self.on_parse_failure == "stop":

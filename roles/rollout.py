@@ -24,6 +24,7 @@ class Sample:
     advantage: float = 0.0
     prefill_tokens: int = 0  # prefilled again because the sequence migrated
     critique_tokens: int = 0
+    judge_prompt_tokens: int = 0  # the judge's prompt: its template filled with the prompt and response
 
     @property
     def key(self) -> tuple[int, int]:

@@ -37,6 +37,7 @@ class Report:
     in_flight_tokens: int = 0  # their prompt + generated tokens
     step_seconds: float = 0.0  # the rank's last engine step, and its batch
     step_batch: int = 0
+    step_prefill: int = 0  # prompt (+ resumed) tokens of the requests that step took in
 
 
 @dataclass
@@ -63,9 +64,23 @@ class StepQueues:
         self.judge_runs = 0  # judge requests completed, retries excluded
         self.migrated = 0  # sequences exported by a shift and queued again
         self.reports: list[Report] = []  # the last tick's, in rank order
+        # Engine steps per role, keyed (ranks that stepped an engine in the same tick, batch, prefill or
+        # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
+        self.engine_steps = {"rollout": {}, "genrm": {}}
+        self.ticks, self.ticks_engine_s = 0, 0.0  # lockstep ticks, and the slowest engine step of each summed
+        self.plan_s = 0.0  # rank 0's seconds in the plan function, which every rank waits for
+        self.shift_s = 0.0  # seconds of the shifts made while rolling out and judging
 
     def ingest(self, reports: list[Report]) -> None:
         self.reports = reports
+        stepped = [r for r in reports if r.step_batch]
+        if stepped:
+            self.ticks += 1
+            self.ticks_engine_s += max(r.step_seconds for r in stepped)
+        for r in stepped:
+            key = (len(stepped), r.step_batch, r.step_prefill > 0)
+            row = self.engine_steps[r.role].setdefault(key, [0, 0.0, 0])
+            row[0], row[1], row[2] = row[0] + 1, row[1] + r.step_seconds, row[2] + r.step_prefill
         for report in reports:
             self.migrated += len(report.exported)
             for request in report.exported:
@@ -116,6 +131,14 @@ class StepQueues:
     def ordered_samples(self) -> list[Sample]:
         return [self.samples[key] for key in sorted(self.samples)]
 
+    def engine_metrics(self) -> dict:
+        """The step's engine steps for metrics.jsonl: per role, rows [busy ranks, batch, steps, seconds,
+        prefill tokens], decode-only steps (prefill 0) apart from those that also prefilled."""
+        rows = {role: [[busy, batch, n, round(s, 6), tokens] for (busy, batch, _), (n, s, tokens)
+                       in sorted(table.items())] for role, table in self.engine_steps.items()}
+        return {"engine_steps": rows, "ticks": self.ticks, "ticks_engine_s": self.ticks_engine_s,
+                "plan_s": self.plan_s, "rollout_judge_shift_s": self.shift_s}
+
 
 def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> list[str]:
     """Every rank rolls out, then every rank judges, once no rollout is left anywhere."""
@@ -161,11 +184,15 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
             engine = context.engines.get(context.role)
             if orders.roles[d.rank] != context.role and engine is not None:
                 exported = engine.export()
+            start = time.perf_counter()
             shifts += context.apply(orders.roles)
+            if queues is not None:  # collective: every rank waits for the slowest shift
+                queues.shift_s += time.perf_counter() - start
         engine = context.engines.get(context.role)
         if engine is not None and orders.work:
             engine.add(orders.work)
         finished, seconds, batch = [], 0.0, 0
+        prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)
         if engine is not None and engine.in_flight():
             start, batch = time.perf_counter(), engine.in_flight()
             with timeline.busy(step, context.role):
@@ -174,7 +201,8 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
             seconds = time.perf_counter() - start
             resumed = any(r.generated for r in orders.work)
             (resumed_ticks if resumed else plain_ticks).append(seconds)
-        report = Report(context.role, finished=finished, exported=exported, step_seconds=seconds, step_batch=batch)
+        report = Report(context.role, finished=finished, exported=exported, step_seconds=seconds, step_batch=batch,
+                        step_prefill=prefill if batch else 0)
         if engine is not None:
             report.in_flight, report.generated = engine.in_flight(), engine.generated()
             report.in_flight_tokens = engine.in_flight_tokens()
@@ -213,7 +241,9 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity) 
         return [Orders(roles, error=f"step {queues.step}: {e}") for _ in roles]
     if queues.done():
         return [Orders(roles, done=True) for _ in roles]
+    start = time.perf_counter()
     new = plan(roles, queues, rng)
+    queues.plan_s += time.perf_counter() - start
     # A rank that changes role exports its in-flight requests this tick and takes new work next tick.
     in_flight = [rep.in_flight if rep.role == new[r] else capacity for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)

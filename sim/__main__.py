@@ -32,11 +32,14 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
         raise SystemExit(f"--gpus {gpus}: {group}'s training state needs {model.min_train_slots * model.slot_gpus} "
                          f"devices; pass at least that many")
     config = planner.PlannerConfig(margin=value(cal, "planner.margin"), dwell=value(cal, "planner.dwell"),
-                                   early_train=True, min_train_ranks=model.min_train_slots)
+                                   early_train=model.early_train, min_train_ranks=model.min_train_slots)
+    split = None
+    if args.calibration == "cpu":  # the split the measured disaggregated runs used
+        split = {role: int(n) for role, n in (part.split("=") for part in measured["split"].split(","))}
     out = {}
     for placement in PLACEMENTS:
-        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config,
-                         interval=value(cal, "planner.interval_s"))
+        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=split,
+                         interval=model.plan_interval_s or value(cal, "planner.interval_s"))
         r = sim.run(args.steps)
         out[placement] = {"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens / r.seconds,
                           "step_s": r.step_seconds, "shifts": r.shifts, "mean_shift_s": r.shift_seconds,
@@ -49,7 +52,8 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
 
 def print_group(group: str, r: dict) -> None:
     print(f"\n{group} on {r['gpus']} devices")
-    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}  roles at start (devices)")
+    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}"
+          f"  roles at start (devices)")
     for name, p in r["placements"].items():
         step = sum(p["step_s"]) / len(p["step_s"])
         print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{step:>9.1f}{p['shifts']:>8}"

@@ -5,8 +5,13 @@ Two cost models with one surface, which the event engine uses:
   GpuModel  one model group on H200s, derived from public figures: decode is memory-bound (an engine
             step reads the weights it touches, 1/tp of them per GPU, plus every running sequence's KV),
             prefill and training are compute-bound, shifts move bytes over PCIe plus a fixed wake.
-  CpuModel  this code on this machine: per-role engine-step and training speeds measured by
-            bench/placements.py (its --json), shift costs measured by bench/shift_latency.py.
+  CpuModel  this code on this machine, everything measured by bench/placements.py (its --json) in the
+            runs it compares: engine steps against batch, prefill and training rates, shift costs (where
+            a pair was not seen there, bench/shift_latency.py's figure in calibration.json). Two things
+            of this machine shape it: ranks share few cores (work runs max(1, busy / cores) times slower
+            while `busy` ranks work), and pivot_train.py's ranks tick in lockstep (every engine steps
+            once, then all report to rank 0, so a tick lasts the slowest step plus the exchange, and a
+            prefill or a shift inside a tick holds everyone).
 A simulated "slot" is the devices one instance of the widest role needs, so that any slot can hold any
 role (a narrower role runs several instances on it).
 """
@@ -21,9 +26,11 @@ from planner import ROLES, EngineSpeed, LinearFit, Speeds
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 TEXT_KEYS = {"about", "policy", "genrm"}
-CPU_MEASURED = ("rollout_step_s", "rollout_per_seq_s", "rollout_prefill_per_s", "genrm_step_s", "genrm_per_seq_s",
-                "genrm_prefill_per_s", "train_tokens_per_s", "max_seqs", "prompts_per_step", "group_size",
-                "prompt_tokens", "response_lengths", "critique_lengths", "max_response_tokens", "max_critique_tokens")
+CPU_MEASURED = ("cpus", "split", "rollout_step_s", "rollout_per_seq_s", "rollout_prefill_per_s", "genrm_step_s",
+                "genrm_per_seq_s", "genrm_prefill_per_s", "train_tokens_per_s_by_ranks", "max_seqs",
+                "prompts_per_step", "group_size", "prompt_tokens", "judge_template_tokens", "response_lengths",
+                "critique_lengths", "max_response_tokens", "max_critique_tokens", "tick_s", "plan_tick_s",
+                "tick_mean_s")
 
 
 class CalibrationError(ValueError):
@@ -82,6 +89,9 @@ class Workload:
     max_critique: int
     responses: object  # callable (rng, n) -> int array
     critiques: object
+    # What the judge's template adds to prompt + response in its prompt (CPU: measured; the GPU workload's
+    # prompt_tokens is an upper bound already, so nothing is added there).
+    judge_template_tokens: int = 0
 
     def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         n = self.prompts * self.group_size
@@ -110,24 +120,37 @@ def gpu_workload(cal: dict, prompts: int | None = None) -> Workload:
 
 class CostModel:
     """What the event engine asks of a cost model. Subclasses give step_seconds(role, batch, context),
-    shift_seconds(src, dst, train_slots), publish_seconds(train_slots) and these figures:"""
+    shift_seconds(src, dst, train_slots), publish_seconds(train_slots), train_per_s(train_slots) and these
+    figures:"""
     slot_gpus: int
     min_train_slots: int
-    train_per_s: float  # training tokens per second per slot
     prefill_per_s: dict[str, float]  # per engine role, tokens per second per slot
     max_seqs: dict[str, int]  # per engine role, sequences in flight per slot
+    cores: int | None = None  # the cores all slots share; None: every slot has devices of its own
+    lockstep: bool = False  # engines step in ticks together rather than each at its own pace
+    early_train: bool = True  # train slots train judged groups while the step still runs
+    plan_interval_s: float | None = None  # how often rank 0 plans; None: calibration.json's setting
 
-    def planner_speeds(self, workload: Workload) -> Speeds:
+    def contention(self, busy: int) -> float:
+        """How many times slower work runs while `busy` slots work at once: they share the cores equally."""
+        return max(1.0, busy / self.cores) if self.cores else 1.0
+
+    def tick_seconds(self, placement: str) -> float:
+        """Lockstep: what a tick costs beyond its slowest engine step."""
+        return 0.0
+
+    def planner_speeds(self, workload: Workload, slots: int) -> Speeds:
         """The speeds the simulated rank 0 starts from, fitted by the planner's own estimator."""
         engines = {}
         for role in ("rollout", "genrm"):
             cap, fit = self.max_seqs[role], LinearFit(0.0, 0.0, hi=self.max_seqs[role], prior_weight=1e-6)
-            ctx = workload.prompt_tokens + workload.max_response / 10 + (role == "genrm") * workload.max_response / 10
+            ctx = workload.prompt_tokens + workload.max_response / 10 + (role == "genrm") * (
+                workload.max_response / 10 + workload.judge_template_tokens)
             for b in (1, cap // 4 or 1, cap // 2 or 1, cap):
                 fit.observe(b, self.step_seconds(role, b, b * ctx))
             step_s, per_seq_s = fit.fit()
             engines[role] = EngineSpeed(step_s, per_seq_s, self.prefill_per_s[role], cap)
-        return Speeds(engines["rollout"], engines["genrm"], self.train_per_s)
+        return Speeds(engines["rollout"], engines["genrm"], self.train_per_s(slots))
 
     def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
         # Into the smallest train group it may form: the dearest such move.
@@ -151,8 +174,8 @@ class GpuModel(CostModel):
         self.kv_per_token = {role: 2 * m(role, "layers") * m(role, "kv_heads") * m(role, "head_dim") * self.kvbytes
                              for role in self.tp}
         policy = m("rollout", "params")
-        self.train_per_s = self.slot_gpus * hw("train_flops") / (hw("train_flops_per_token_per_param")
-                                                                  * m("rollout", "active_params"))
+        self.train_rate = self.slot_gpus * hw("train_flops") / (hw("train_flops_per_token_per_param")
+                                                                 * m("rollout", "active_params"))
         self.min_train_slots = math.ceil(hw("train_state_bytes_per_param") * policy
                                          / (hw("memory_bytes") * self.slot_gpus))
         self.prefill_per_s = {role: self.slot_gpus * self.flops / (2 * m(role, "active_params")) for role in self.tp}
@@ -166,6 +189,9 @@ class GpuModel(CostModel):
         self.h2d, self.d2h, self.link = hw("h2d_bytes_per_s"), hw("d2h_bytes_per_s"), hw("node_link_bytes_per_s")
         self.wake, self.gpus_per_node = hw("engine_wake_s"), hw("gpus_per_node")
         self.state_bytes, self.stored_bytes = hw("train_state_bytes_per_param"), hw("stored_train_bytes_per_param")
+
+    def train_per_s(self, train_slots: int) -> float:
+        return self.train_rate
 
     def step_seconds(self, role: str, batch: int, context: float) -> float:
         """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them.
@@ -200,30 +226,57 @@ class GpuModel(CostModel):
 
 
 class CpuModel(CostModel):
-    """This code on this machine, one rank per slot: engine steps, prefill and training speeds from
-    bench/placements.py's JSON (keys in CPU_MEASURED), shift costs from calibration.json's cpu section."""
+    """This code on this machine, one rank per slot, from bench/placements.py's JSON (keys in CPU_MEASURED;
+    its figures are uncontended: measured / max(1, ranks working / cores), the law applied here)."""
+    lockstep = True  # pivot_train.py's generate(): one engine step per rank per tick, then an exchange
+    early_train = False  # pivot_train.py trains once every response is judged
 
     def __init__(self, cal: dict, measured: dict):
         missing = [k for k in CPU_MEASURED if k not in measured]
         if missing:
             raise CalibrationError(f"--measured lacks {', '.join(missing)}: bench/placements.py --json writes them")
+        rates = [measured[f"{r}_{k}"] for r in ("rollout", "genrm") for k in ("step_s", "per_seq_s", "prefill_per_s")]
+        if not all(isinstance(x, (int, float)) and x >= 0 for x in rates):
+            raise CalibrationError(f"--measured engine figures must be numbers >= 0, got {rates}")
         self.measured, self.slot_gpus, self.min_train_slots = measured, 1, 1
-        self.train_per_s = measured["train_tokens_per_s"]
+        self.cores = int(measured["cpus"])
+        self.train_rates = {int(n): rate for n, rate in measured["train_tokens_per_s_by_ranks"].items()}
         self.prefill_per_s = {r: measured[f"{r}_prefill_per_s"] for r in ("rollout", "genrm")}
         self.max_seqs = {r: int(measured["max_seqs"]) for r in ("rollout", "genrm")}
+        self.plan_interval_s = measured["tick_mean_s"]["pivot"]  # the loop plans once a tick
+        # Shift costs measured in the same runs win over bench/shift_latency.py's.
         self.shift = {tuple(pair.split("->")): value(cal, f"cpu.shift_s.{pair}") for pair in cal["cpu"]["shift_s"]}
+        self.shift |= {tuple(pair.split("->")): s for pair, s in measured.get("shift_s", {}).items()}
 
     def step_seconds(self, role: str, batch: int, context: float) -> float:
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
 
+    def train_per_s(self, train_slots: int) -> float:
+        """Measured for each train group size the runs used: on gloo, a larger FSDP group pays more
+        communication per token, so the rate does not carry over from one size to another."""
+        if train_slots not in self.train_rates:
+            raise CalibrationError(f"no training rate measured for {train_slots} ranks (measured: "
+                                   f"{', '.join(map(str, sorted(self.train_rates)))}); simulate as many ranks as "
+                                   f"bench/placements.py ran")
+        return self.train_rates[train_slots]
+
+    def tick_seconds(self, placement: str) -> float:
+        """The ranks' exchange with rank 0, and rank 0's planning, which every rank waits for."""
+        return self.measured["tick_s"] + self.measured["plan_tick_s"][placement]
+
     def shift_seconds(self, src: str, dst: str, train_slots: int) -> float:
+        if src == dst == "rollout":
+            # pivot_train.py's disaggregated rollout ranks keep their role across steps, and a rank that
+            # keeps its role loads nothing: no such shift is made, or recorded.
+            return 0.0
         return self.shift[(src, dst)]
 
     def publish_seconds(self, train_slots: int) -> float:
-        return 0.0  # the measured train->rollout shift includes loading the published weights
+        return 0.0  # inside the measured training time (the train span covers train_step and publish)
 
 
 def cpu_workload(measured: dict) -> Workload:
-    return Workload(int(measured["prompts_per_step"]), int(measured["group_size"]), int(measured["prompt_tokens"]),
+    return Workload(int(measured["prompts_per_step"]), int(measured["group_size"]), round(measured["prompt_tokens"]),
                     int(measured["max_response_tokens"]), int(measured["max_critique_tokens"]),
-                    empirical(measured["response_lengths"]), empirical(measured["critique_lengths"]))
+                    empirical(measured["response_lengths"]), empirical(measured["critique_lengths"]),
+                    round(measured["judge_template_tokens"]))

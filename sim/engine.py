@@ -11,12 +11,19 @@ the new policy is published to storage, and the rollout engines load it.
 
 Engines batch continuously: between two events a slot's batch is fixed, so every engine step costs
 the same and the next event is the next sequence to finish. Training is a fluid pool: its slots
-process the tokens of judged groups at their measured rate.
+process the tokens of judged groups at their measured rate (CpuModel: only once judging ends, as
+pivot_train.py does).
+
+Where the cost model says so (CpuModel), slots are not independent: they share `cores` cores, so each
+works max(1, busy / cores) times slower while `busy` slots work, and their engines tick in lockstep,
+each tick as long as the slowest step plus the exchange with rank 0, with a prefill or a shift inside a
+tick holding every engine. Then any change of one engine's batch re-times every engine, each keeping
+the fraction of the step it is into.
 """
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,8 +40,10 @@ class Slot:
     running: list[int] = field(default_factory=list)  # samples in its engine
     t: float = 0.0  # the time its engine's progress refers to
     step_s: float = 0.0  # seconds per engine step until its batch changes
+    engine_s: float = 0.0  # of which the engine's own work (lockstep adds the tick's wait and exchange)
     ready_at: float = 0.0  # a shift in progress ends then
     shifted_at: float = -math.inf
+    admitted_at: float = -math.inf  # the last instant it took work from its queue
     version: int = 0  # events scheduled under an older version are stale
 
 
@@ -62,6 +71,7 @@ class Step:
     def __init__(self, workload: Workload, rng: np.random.Generator):
         self.length, self.critique = workload.draw(rng)
         self.n, self.group_size, self.prompt = len(self.length), workload.group_size, workload.prompt_tokens
+        self.judge_template = workload.judge_template_tokens
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
         self.phase = np.zeros(self.n, dtype=np.int8)
@@ -76,17 +86,27 @@ class Step:
 
 class Simulation:
     def __init__(self, model: CostModel, workload: Workload, slots: int, placement: str, *, seed: int = 0,
-                 config: planner.PlannerConfig | None = None, interval: float = 1.0, prior_steps: int = 1):
+                 config: planner.PlannerConfig | None = None, interval: float = 1.0, prior_steps: int = 1,
+                 split: dict[str, int] | None = None):
+        """`split`: disaggregated's slots per role; by default sized to each role's share of the work."""
         self.model, self.workload, self.placement = model, workload, placement
         self.rng = np.random.default_rng(seed)
         self.config, self.interval = config, interval
-        self.speeds = model.planner_speeds(workload)
+        self.speeds = model.planner_speeds(workload, slots)
+        # Rank 0 refits each engine's speed from the steps it sees, as LoopPlanner does in pivot_train.py.
+        self.fits = {role: planner.LinearFit(speed.step_s, speed.per_seq_s, hi=speed.max_seqs)
+                     for role, speed in (("rollout", self.speeds.rollout), ("genrm", self.speeds.genrm))}
         self.costs = model.planner_costs(slots)
-        self.split = self._split(slots) if placement == "disaggregated" else {"rollout": slots}
+        self.split = {"rollout": slots}
+        if placement == "disaggregated":
+            self.split = split or self._split(slots)
+            if sum(self.split.values()) != slots:
+                raise ValueError(f"split {self.split} does not place {slots} slots")
         roles = [role for role, n in self.split.items() for _ in range(n)]
         self.slots = [Slot(i, role) for i, role in enumerate(roles)]
         self.now, self.events, self.counter = 0.0, [], 0
         self.shifts, self.shift_seconds = 0, 0.0
+        self.stalled = (-math.inf, 0.0)  # lockstep: the last instant engines were held, and for how long
         # What rank 0 knows of lengths before the step: earlier steps' draws (the first step's prior).
         seen = [workload.draw(self.rng) for _ in range(prior_steps)]
         self.lengths = planner.LengthEstimate(np.concatenate([s[0] for s in seen]), workload.max_response)
@@ -112,10 +132,10 @@ class Simulation:
     def _step(self, step: Step) -> None:
         self.step, self.train_t = step, self.now
         self.events.clear()  # the last step's leftovers: stale by now
+        if self.placement == "pivot":  # rank 0 plans before it hands out the step's work, as the loop does
+            self._push(self.now, "plan", -1)
         for slot in self.slots:
             self._push(max(self.now, slot.ready_at), "engine", slot.index, slot.version)
-        if self.placement == "pivot":
-            self._push(self.now, "plan", -1)
         while step.judged < step.n:
             t, _, kind, s, version = heapq.heappop(self.events)
             assert t >= self.now - 1e-9, "the clock ran backwards"
@@ -140,8 +160,9 @@ class Simulation:
             self._advance_train(max(s.ready_at for s in self.slots))
         trainers = [s for s in self.slots if s.role == "train"]
         self.now = max([self.now] + [s.ready_at for s in trainers])
-        left = step.train_ready - step.train_done
-        self.now += left / (len(trainers) * self.model.train_per_s) + self.model.publish_seconds(len(trainers))
+        left, n = step.train_ready - step.train_done, len(trainers)
+        # Nothing else works now: the trainers share the cores among themselves.
+        self.now += left / (n * self.model.train_per_s(n)) * self.model.contention(n) + self.model.publish_seconds(n)
         step.train_done = step.train_ready
         for slot in self.slots:
             slot.ready_at = max(slot.ready_at, self.now)
@@ -162,13 +183,55 @@ class Simulation:
             return
         self._advance(slot)
         self._complete(slot)
-        self._admit(slot)
-        slot.version += 1
-        if slot.running:
-            left = self._target(slot.role, slot.running) - self._progress(slot.role)[slot.running]
-            context = self._context(slot.role, slot.running)
-            slot.step_s = self.model.step_seconds(slot.role, len(slot.running), context)
-            self._push(slot.t + int(left.min()) * slot.step_s, "engine", slot.index, slot.version)
+        self._retime(slot, self._admit(slot))
+
+    def _retime(self, touched: Slot | None, prefill: float = 0.0) -> None:
+        """Sets the step time of the touched slot's engine and schedules its next event; where engines
+        share cores or tick together, of every running engine. `prefill`: seconds the touched engine
+        spends taking in new requests first (uncontended)."""
+        shared = self.model.cores is not None or self.model.lockstep
+        running = [s for s in self.slots if s.role in ENGINE_ROLES and s.running and s.ready_at <= self.now]
+        slots = running if shared else [s for s in [touched] if s is not None and s.running]
+        share = self.model.contention(self._busy())
+        step_s = {s.index: share * self.model.step_seconds(s.role, len(s.running), self._context(s.role, s.running))
+                  for s in slots}
+        engine_s = dict(step_s)
+        if self.model.lockstep and step_s:  # one step per engine per tick; a tick waits for the slowest
+            step_s = dict.fromkeys(step_s, max(step_s.values()) + self.model.tick_seconds(self.placement))
+        for s in slots:
+            if s is not touched:
+                self._advance(s)  # whole steps at its old speed
+            if shared and s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
+                s.t = self.now - (self.now - s.t) / s.step_s * step_s[s.index]
+            s.step_s, s.engine_s = step_s[s.index], engine_s[s.index]
+        if prefill and self.model.lockstep:
+            self._stall(share * prefill)
+        elif prefill:
+            touched.t += share * prefill
+        if touched is not None:
+            touched.version += 1
+        for s in slots:
+            if s is not touched:
+                s.version += 1
+            left = int((self._target(s.role, s.running) - self._progress(s.role)[s.running]).min())
+            self._push(max(self.now, s.t + left * s.step_s), "engine", s.index, s.version)
+
+    def _busy(self) -> int:
+        """Slots working now: engines with sequences, train slots with judged groups to train on."""
+        step = self.step
+        return sum(s.ready_at <= self.now and (bool(s.running) if s.role in ENGINE_ROLES else
+                                               self.model.early_train and step.train_ready > step.train_done)
+                   for s in self.slots)
+
+    def _stall(self, seconds: float) -> None:
+        """Lockstep: work inside a tick (a rank's prefill; a shift, since apply is collective) holds every
+        engine. Such work of several ranks at one instant runs side by side: the tick grows by the longest."""
+        at, longest = self.stalled
+        extra = max(0.0, seconds - longest) if at == self.now else seconds
+        self.stalled = (self.now, max(seconds, longest) if at == self.now else seconds)
+        for s in self.slots:
+            if s.role in ENGINE_ROLES and s.running:
+                s.t += extra
 
     def _advance(self, slot: Slot) -> None:
         """Whole engine steps up to now; the engine's time stays at the last step's end, so a slot
@@ -202,19 +265,24 @@ class Simulation:
         if done and slot.role == "rollout":
             self._offer("genrm", slot)
 
-    def _admit(self, slot: Slot) -> None:
+    def _admit(self, slot: Slot) -> float:
         """Takes queued work up to the engine's room and a fair share of the queue, as the scheduler's
-        dispatch does, so that migrated sequences spread over the role's engines."""
+        dispatch does, so that migrated sequences spread over the role's engines; returns the seconds
+        their prefill takes. The share is of the engines not yet served at this instant: those touched
+        one after another at one instant split the queue evenly, as one dispatch would."""
         queue, prefill = self.step.queue[slot.role], 0.0
-        engines = sum(s.role == slot.role and s.ready_at <= self.now for s in self.slots)
+        engines = sum(s.role == slot.role and s.ready_at <= self.now and s.admitted_at != self.now
+                      for s in self.slots)
         take = min(self.model.max_seqs[slot.role] - len(slot.running), -(-len(queue) // max(engines, 1)))
+        if take > 0:
+            slot.admitted_at = self.now
         for _ in range(take):
             i = queue.popleft()
             self.step.phase[i] = 1 if slot.role == "rollout" else 3
             slot.running.append(i)
             # A resumed sequence prefills what it had generated too.
             prefill += self._context(slot.role, [i])
-        slot.t += prefill / self.model.prefill_per_s[slot.role]
+        return prefill / self.model.prefill_per_s[slot.role]
 
     def _progress(self, role: str) -> np.ndarray:
         return self.step.gen if role == "rollout" else self.step.cgen
@@ -226,7 +294,8 @@ class Simulation:
         step = self.step
         if role == "rollout":
             return float(len(running) * step.prompt + step.gen[running].sum())
-        return float(len(running) * step.prompt + step.length[running].sum() + step.cgen[running].sum())
+        return float(len(running) * (step.prompt + step.judge_template) + step.length[running].sum()
+                     + step.cgen[running].sum())
 
     # -- training -----------------------------------------------------------------------------------
 
@@ -235,16 +304,24 @@ class Simulation:
         if t <= self.train_t:
             return
         step = self.step
-        rate = sum(max(0.0, t - max(self.train_t, s.ready_at)) for s in self.slots if s.role == "train")
-        step.train_done = min(step.train_ready, step.train_done + rate * self.model.train_per_s)
+        trainers = [s for s in self.slots if s.role == "train"]
+        if self.model.early_train and trainers:
+            seconds = sum(max(0.0, t - max(self.train_t, s.ready_at)) for s in trainers)
+            rate = self.model.train_per_s(len(trainers)) / self.model.contention(self._busy())
+            step.train_done = min(step.train_ready, step.train_done + seconds * rate)
         self.train_t = t
 
     # -- shifts -------------------------------------------------------------------------------------
 
     def _plan(self) -> None:
+        for s in self.slots:
+            if s.role in ENGINE_ROLES and s.running and s.ready_at <= self.now:
+                self.fits[s.role].observe(len(s.running), s.engine_s)
+        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), step_s=fit.fit()[0],
+                                                        per_seq_s=fit.fit()[1]) for role, fit in self.fits.items()})
         ranks = [planner.Rank(s.role, int(self._context(s.role, s.running)) if s.role in ENGINE_ROLES else 0,
                               self.now - s.shifted_at) for s in self.slots]
-        moves = planner.plan(ranks, self._work(), self.speeds, self.costs, self.config)
+        moves = planner.plan(ranks, self._work(), speeds, self.costs, self.config)
         train_after = sum(r == "train" for r in planner.apply_moves([s.role for s in self.slots], moves))
         for move in moves:
             self._shift(self.slots[move.rank], move.dst, train_after)
@@ -272,6 +349,10 @@ class Simulation:
             self._push(slot.ready_at, "engine", slot.index, slot.version)
         if old in ENGINE_ROLES:
             self._offer(old, slot)
+        if self.model.lockstep and old != role:
+            self._stall(seconds)
+        if self.model.cores is not None or self.model.lockstep:
+            self._retime(None)  # one engine fewer at work
 
     def _offer(self, role: str, source: Slot) -> None:
         """Queued work reaches the role's engines that have room, now rather than at their next event."""
@@ -297,8 +378,9 @@ class Simulation:
             judge_tokens=float(self.critiques.remaining(step.cgen[judging]).sum()) + waiting * self.critiques.mean(),
             judge_longest=self.critiques.longest(int(step.cgen[judging].min()) if len(judging) else 0)
             if len(judging) or waiting else 0.0,
-            judge_prefill=float(sum(step.prompt + step.length[i] for i in step.queue["genrm"])),
-            critique_tokens=self.critiques.mean(), judge_prompt_tokens=w.prompt_tokens + self.lengths.mean(),
+            judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue["genrm"])),
+            critique_tokens=self.critiques.mean(),
+            judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
             train_ready=step.train_ready - step.train_done,
             train_tokens=float(step.tokens(np.arange(step.n)).sum()) - step.train_done)
 
@@ -308,8 +390,8 @@ class Simulation:
         n, s = self.workload.prompts * self.workload.group_size, self.speeds
         lengths, critiques = self.workload.draw(np.random.default_rng(0))
         rollout = planner.engine_seconds(s.rollout, 1, n, float(lengths.sum()), 0.0, n * self.workload.prompt_tokens)
-        judge = planner.engine_seconds(s.genrm, 1, n, float(critiques.sum()), 0.0,
-                                       n * self.workload.prompt_tokens + float(lengths.sum()))
+        judge = planner.engine_seconds(s.genrm, 1, n, float(critiques.sum()), 0.0, float(lengths.sum())
+                                       + n * (self.workload.prompt_tokens + self.workload.judge_template_tokens))
         train = float(n * self.workload.prompt_tokens + lengths.sum()) / s.train_per_s
         total = rollout + judge + train
         t = max(self.model.min_train_slots, round(slots * train / total))

@@ -76,6 +76,17 @@ def test_a_judge_backlog_gets_a_rank_whatever_the_cost():
     assert moves == [Move(0, "rollout", "genrm")]
 
 
+def test_rollout_ranks_join_the_judge_once_rollout_ends():
+    # rollout done, responses waiting: the three rollout ranks would otherwise idle until the update
+    waiting = Work(judge_seqs=300, judge_tokens=300 * 500, judge_longest=4000, judge_prefill=200 * 1500,
+                   critique_tokens=500, judge_prompt_tokens=1500, train_tokens=1e6)
+    now = [Rank("rollout", 0, since_shift_s=0.0)] + ranks("rollout", "rollout", "genrm")
+    assert apply_moves([r.role for r in now], plan(now, waiting, SPEEDS, costs(1e9))) == ["genrm"] * 4
+    # nothing waits (every response is being judged): they stay
+    judging = Work(judge_seqs=3, judge_tokens=1500, judge_longest=4000, critique_tokens=500, train_tokens=1e6)
+    assert plan(now, judging, SPEEDS, costs(1e9)) == []
+
+
 def test_a_rank_that_just_moved_stays():
     now = [Rank("rollout", 0, since_shift_s=1.0) for _ in range(7)] + [Rank("genrm")]
     assert plan(now, TAIL, SPEEDS, costs(1.0), PlannerConfig(dwell=2.0)) == []

@@ -1,13 +1,19 @@
 """The simulator's event engine and calibration loader: small runs, seconds."""
+import argparse
 import copy
 import json
+import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import planner
 from sim import calibration as C
+from sim.__main__ import simulate
 from sim.engine import Simulation
+
+BENCH_JSON = Path(__file__).with_name("data") / "placements_cpu.json"
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +89,64 @@ def test_gpu_model_is_memory_bound_at_small_batch(cal):
     assert model.slot_gpus == 1 and C.GpuModel(cal, "moe-235b-a22b-32b").slot_gpus == 8
 
 
-def test_cpu_model_names_the_measurements_it_needs(cal):
-    with pytest.raises(C.CalibrationError, match="rollout_step_s"):
-        C.CpuModel(cal, {})
-    measured = {key: 1 for key in C.CPU_MEASURED} | {
-        "rollout_step_s": 0.01, "rollout_per_seq_s": 1e-4, "genrm_step_s": 0.01, "genrm_per_seq_s": 1e-4,
-        "rollout_prefill_per_s": 5e3, "genrm_prefill_per_s": 5e3, "train_tokens_per_s": 2e3, "max_seqs": 64,
-        "prompts_per_step": 16, "group_size": 8, "prompt_tokens": 20, "response_lengths": [10, 20, 60],
-        "critique_lengths": [30, 40], "max_response_tokens": 64, "max_critique_tokens": 96}
-    model, workload = C.CpuModel(cal, measured), C.cpu_workload(measured)
-    result = Simulation(model, workload, 4, "pivot", config=planner.PlannerConfig()).run(1)
-    assert result.samples == 128
-    assert set(np.unique(workload.responses(np.random.default_rng(0), 100))) <= {10, 20, 60}
+class StepModel(C.CostModel):
+    """Every engine step 1 s and nothing else costs: a step's time counts engine steps."""
+    slot_gpus, min_train_slots = 1, 1
+    prefill_per_s = {"rollout": math.inf, "genrm": math.inf}
+    max_seqs = {"rollout": 4, "genrm": 4}
+
+    def __init__(self, cores=None, lockstep=False, tick_s=0.0):
+        self.cores, self.lockstep, self.tick_s = cores, lockstep, tick_s
+
+    def step_seconds(self, role, batch, context):
+        return 1.0
+
+    def shift_seconds(self, src, dst, train_slots):
+        return 0.0
+
+    def publish_seconds(self, train_slots):
+        return 0.0
+
+    def train_per_s(self, train_slots):
+        return math.inf
+
+    def tick_seconds(self, placement):
+        return self.tick_s
+
+
+def two_slots(model) -> float:
+    """Colocated on two slots: responses of 10 and 20 tokens, one per slot, then critiques of 5 each."""
+    workload = C.Workload(2, 1, 1, 20, 5, lambda rng, n: np.array([10, 20]), lambda rng, n: np.array([5, 5]))
+    return Simulation(model, workload, 2, "colocated", config=planner.PlannerConfig()).run(1).seconds
+
+
+def test_slots_sharing_cores_slow_each_other_down():
+    # Own devices: rollout ends with the 20-token response, then 5 critique steps.
+    assert two_slots(StepModel()) == pytest.approx(20 + 5)
+    # Two cores for two slots: nothing changes.
+    assert two_slots(StepModel(cores=2)) == pytest.approx(20 + 5)
+    # One core: while both work each step takes 2 s; once the short response is done (at 20 s) the long one
+    # has 10 steps left alone, at 1 s each; then both judge together, 2 s a step.
+    assert two_slots(StepModel(cores=1)) == pytest.approx(2 * 10 + 10 + 2 * 5)
+
+
+def test_lockstep_engines_step_at_the_slowest_pace_plus_the_tick():
+    assert two_slots(StepModel(lockstep=True, tick_s=0.5)) == pytest.approx(1.5 * (20 + 5))
+
+
+def test_cpu_path_runs_on_what_the_bench_writes(cal):
+    """tests/data/placements_cpu.json: bench/placements.py --json's cost-model keys from a real run (its
+    length lists cut short)."""
+    measured = json.loads(BENCH_JSON.read_text())
+    for key in ("rollout_step_s", "tick_s"):
+        with pytest.raises(C.CalibrationError, match=key):
+            C.CpuModel(cal, {k: v for k, v in measured.items() if k != key})
+    model = C.CpuModel(cal, measured)
+    assert model.shift_seconds("rollout", "genrm", 4) == measured["shift_s"]["rollout->genrm"]  # the runs' own
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None)
+    r = simulate(cal, "cpu", measured["nproc"], args)
+    assert r["placements"]["disaggregated"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
+    for p in r["placements"].values():
+        assert p["samples_per_s"] * sum(p["step_s"]) == pytest.approx(2 * measured["prompts_per_step"]
+                                                                      * measured["group_size"])
+    assert r["placements"]["pivot"]["shifts"] > 0 and r["placements"]["colocated"]["shifts"] > 0
