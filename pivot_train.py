@@ -282,8 +282,7 @@ def main(argv=None):
     timeline = Timeline(d, out)
     board = tensorboard_writer(d, out)
 
-    if resume:
-        storage.load_into(rollout_engine.engine)
+    context.apply(placement.start_roles())  # the engines load the stored version (a resumed run's weights)
     for step in range(start, args.steps + 1):
         record = {"step": step}
         if step % args.eval_every == 0 or step == args.steps:

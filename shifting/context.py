@@ -20,6 +20,9 @@ from storage, since the policy may have moved on. Likewise the trainer stays all
 host memory only to fault it back in costs more than the copy) and its onload, when the train group is
 unchanged, copies the stored state into it; a changed group builds a new one.
 
+An engine whose rank keeps its role still loads each newly published version at the next `apply` (a
+disaggregated rollout rank after every update), reported as a rollout -> rollout shift of its onload.
+
 `apply` is collective: every rank passes the same assignment. Writing the train state and making the
 new train group involve every rank, so a train rank that stays while the group changes is resharded
 too, and reported as a train -> train shift.
@@ -49,6 +52,7 @@ class RoleContext:
         self.engines = {"rollout": rollout_engine, "genrm": genrm_engine}
         self.train_state, self.make_trainer = train_state, make_trainer
         self.groups, self.rng = {}, {}
+        self.loaded = {"rollout": None, "genrm": None}  # the version each engine holds (None: from disk)
         self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
         train = train_ranks(self.roles)
         group = self._group(train) if train else None
@@ -65,6 +69,8 @@ class RoleContext:
         old, new = self.role, roles[self.d.rank]
         regroup = train_ranks(roles) != train_ranks(self.roles)
         moving = old != new or (regroup and new == "train")
+        # An engine that keeps its role still loads a newer published version (disaggregated rollout).
+        refresh = not moving and new in self.engines and self.loaded[new] != self.storage[new].version
         seconds, moved = {}, 0
         with stage(seconds, "drain"):
             if moving and old != "train":
@@ -79,12 +85,14 @@ class RoleContext:
             group = self._group(train_ranks(roles)) if regroup and "train" in roles else None
             if moving:
                 moved = self._onload(new, group)
+            elif refresh:
+                moved = self._load(new)
         with stage(seconds, "ready"):
             if moving and new in self.rng:
                 set_rng_state(self.rng.pop(new))
         self.roles = list(roles)
         record = None
-        if moving:
+        if moving or refresh:
             record = {"rank": self.d.rank, "from": old, "to": new, "seconds": sum(seconds.values()),
                       **seconds, "bytes": moved}
         records = [None] * self.d.world_size
@@ -114,8 +122,14 @@ class RoleContext:
             return sum(rows.numel() * rows.element_size() for _, rows, _ in self.trainer.state_rows())
         engine = self.engines[role]
         engine.wake_weights()
-        loaded = self.storage[role].load_into(engine)
+        moved = self._load(role)
         engine.wake_kv_cache()
+        return moved
+
+    def _load(self, role: str) -> int:
+        """The latest published version of `role`'s model into its engine; returns the bytes read."""
+        loaded = self.storage[role].load_into(self.engines[role])
+        self.loaded[role] = loaded["version"]
         return loaded["bytes"]
 
     def _group(self, ranks: list[int]):

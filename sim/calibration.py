@@ -265,10 +265,10 @@ class CpuModel(CostModel):
         return self.measured["tick_s"] + self.measured["plan_tick_s"][placement]
 
     def shift_seconds(self, src: str, dst: str, train_slots: int) -> float:
-        if src == dst == "rollout":
-            # pivot_train.py's disaggregated rollout ranks keep their role across steps, and a rank that
-            # keeps its role loads nothing: no such shift is made, or recorded.
-            return 0.0
+        if src == dst == "rollout" and (src, dst) not in self.shift:
+            # A disaggregated rollout rank reloading the new weights; a bench JSON without that record
+            # is charged the nearest measured cost, a move into rollout (which loads them too).
+            return self.shift[("train", "rollout")]
         return self.shift[(src, dst)]
 
     def publish_seconds(self, train_slots: int) -> float:
