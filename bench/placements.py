@@ -7,7 +7,8 @@ Each run is `torchrun --nproc_per_node NPROC pivot_train.py --placement P` with 
 go colocated, disaggregated, pivot, colocated, ... so that the machine's drift hits all three alike.
 Per placement it prints the median over repeats of samples/s and tokens/s (measured over each run's
 steps after the first, which warms the engines), each role's busy fraction (busy seconds over ranks x
-step time), the ratios pivot/colocated and pivot/disaggregated, and the reward curves side by side.
+step time), the ratios pivot/colocated and pivot/disaggregated (the median over repeats of each
+repeat's own ratio), and the reward curves side by side.
 
 Cost model (for `python -m sim --calibration cpu --measured PATH`): from the same runs' metrics.jsonl,
 samples.jsonl and config.json it fits each engine role's step time, seconds = fixed + per_seq x batch,
@@ -143,6 +144,12 @@ def summarise(records: list[dict], nproc: int) -> dict:
             "rewards": [r["reward_mean"] for r in records if "reward_mean" in r]}
 
 
+def ratio(results: dict, a: str, b: str) -> float:
+    """The median over repeats of a's samples/s over b's in the same repeat: runs next to each other in
+    time share the machine's drift, which a ratio of the placements' own medians would not cancel."""
+    return statistics.median(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[a], results[b]))
+
+
 def main():
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -183,8 +190,8 @@ def main():
             "rewards": runs[0]["rewards"], "runs": runs}
     figures = {"nproc": args.nproc, "steps": args.steps, "repeats": args.repeats, "split": args.split,
                "placements": table,
-               "pivot_over_colocated": table["pivot"]["samples_per_s"] / table["colocated"]["samples_per_s"],
-               "pivot_over_disaggregated": table["pivot"]["samples_per_s"] / table["disaggregated"]["samples_per_s"],
+               "pivot_over_colocated": ratio(results, "pivot", "colocated"),
+               "pivot_over_disaggregated": ratio(results, "pivot", "disaggregated"),
                # Colocated leaves the rest of the machine idle; no placement can use more than all of it.
                "bound_over_colocated": 1 / table["colocated"]["steps_cpu_busy"], **model}
 
