@@ -71,7 +71,13 @@ def measure(d, name: str, policy_dir: str, genrm_dir: str, repeats: int, kv_byte
     ctx = RoleContext(d, ["rollout"], policy=policy, genrm=genrm, train_state=state,
                       rollout_engine=engines["rollout"], genrm_engine=engines["genrm"],
                       make_trainer=lambda group: PolicyTrainer(state, group, d.device, **HYPER))
-    records = [r for _ in range(repeats) for role in PATH for r in ctx.apply([role])]
+    records, version = [], 0
+    for _ in range(repeats):
+        for role in PATH:
+            if role == "rollout":  # as after an update: a new version for the engine to load
+                version += 1
+                state.publish_weights(policy, version=version)
+            records += ctx.apply([role])
     pairs = {}
     for r in records:
         pairs.setdefault(f"{r['from']}->{r['to']}", []).append(r)

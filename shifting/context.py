@@ -15,10 +15,11 @@ rollout/trainer switch, which is the one that works on GPUs):
   4. ready    B's RNG state is restored.
 
 On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
-its rank holds another role (rebuilding an engine costs ~10 s), and onload still reloads its weights
-from storage, since the policy may have moved on. Likewise the trainer stays allocated on CPU (freeing
-host memory only to fault it back in costs more than the copy) and its onload, when the train group is
-unchanged, copies the stored state into it; a changed group builds a new one.
+its rank holds another role (rebuilding an engine costs ~10 s), and onload reloads its weights from
+storage only when a newer version was published since it last loaded (the policy after an update; the
+frozen GenRM loads once). Likewise the trainer stays allocated on CPU (freeing host memory only to
+fault it back in costs more than the copy) and its onload, when the train group is unchanged, copies
+the stored state into it; a changed group builds a new one.
 
 An engine whose rank keeps its role still loads each newly published version at the next `apply` (a
 disaggregated rollout rank after every update), reported as a rollout -> rollout shift of its onload.
@@ -70,7 +71,7 @@ class RoleContext:
         regroup = train_ranks(roles) != train_ranks(self.roles)
         moving = old != new or (regroup and new == "train")
         # An engine that keeps its role still loads a newer published version (disaggregated rollout).
-        refresh = not moving and new in self.engines and self.loaded[new] != self.storage[new].version
+        refresh = not moving and new in self.engines and self._stale(new)
         seconds, moved = {}, 0
         with stage(seconds, "drain"):
             if moving and old != "train":
@@ -122,9 +123,14 @@ class RoleContext:
             return sum(rows.numel() * rows.element_size() for _, rows, _ in self.trainer.state_rows())
         engine = self.engines[role]
         engine.wake_weights()
-        moved = self._load(role)
+        # Asleep on GPU, an engine discarded its weights; on CPU it kept them, and loads only a newer version.
+        moved = self._load(role) if engine.sleep_mode or self._stale(role) else 0
         engine.wake_kv_cache()
         return moved
+
+    def _stale(self, role: str) -> bool:
+        """Whether storage holds a version of `role`'s model other than the one its engine last loaded."""
+        return self.loaded[role] != self.storage[role].version
 
     def _load(self, role: str) -> int:
         """The latest published version of `role`'s model into its engine; returns the bytes read."""
