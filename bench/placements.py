@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from runtime import busy_fraction, cpu_ticks  # noqa: E402
+from sim.calibration import shared_cores  # noqa: E402
 PLACEMENTS = ("colocated", "disaggregated", "pivot")
 
 
@@ -55,11 +56,6 @@ def run(placement: str, args, extra: list[str], out: Path) -> tuple[list[dict], 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def contention(busy_ranks: int, cpus: int) -> float:
-    """How much slower a rank's work runs while `busy_ranks` ranks share `cpus` cores."""
-    return max(1.0, busy_ranks / cpus)
 
 
 def fit_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -90,7 +86,7 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
         split = dict(part.split("=") for part in config["split"].split(",")) if config["split"] else {}
         ranks = int(split.get("train", nproc))
         tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in logged)
-        seconds = sum(r["busy_s"]["train"] for r in records) / contention(ranks, cpus)
+        seconds = sum(r["busy_s"]["train"] for r in records) / shared_cores(ranks, cpus)
         t = train.setdefault(ranks, [0, 0.0])
         t[0], t[1] = t[0] + tokens, t[1] + seconds
     out = {"cpus": cpus, "max_seqs": config["max_seqs"], "prompts_per_step": config["prompts_per_step"],
@@ -107,10 +103,10 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
            "train_tokens_per_s_by_ranks": {n: tokens / seconds for n, (tokens, seconds) in sorted(train.items())}}
     for role in ("rollout", "genrm"):
         rows = [row for r in steps for row in r["engine_steps"][role]]  # [busy ranks, batch, steps, s, prefill]
-        decode = [(b, s / n / contention(k, cpus), n) for k, b, n, s, tokens in rows if not tokens]
+        decode = [(b, s / n / shared_cores(k, cpus), n) for k, b, n, s, tokens in rows if not tokens]
         fixed, per_seq = fit_line(decode)
         # Prefill: what the steps that took in requests cost beyond the decode fit.
-        extra = sum(s / contention(k, cpus) - n * (fixed + per_seq * b) for k, b, n, s, tokens in rows if tokens)
+        extra = sum(s / shared_cores(k, cpus) - n * (fixed + per_seq * b) for k, b, n, s, tokens in rows if tokens)
         prefilled = sum(row[4] for row in rows)
         out |= {f"{role}_step_s": fixed, f"{role}_per_seq_s": per_seq,
                 f"{role}_prefill_per_s": prefilled / extra if extra > 0 else None,
@@ -122,7 +118,7 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
             n = sum(row[2] for row in level)
             out[f"{role}_by_busy_ranks"][k] = {
                 "steps": n, "measured_s": sum(row[3] for row in level) / n,
-                "predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in level) * contention(k, cpus) / n}
+                "predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in level) * shared_cores(k, cpus) / n}
     # The lockstep ticks: what one costs beyond its slowest engine step, the planner's time and the shifts
     # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole tick.
     exchange = sum(r["rollout_judge_s"] - r["ticks_engine_s"] - r["plan_s"] - r["rollout_judge_shift_s"] for r in steps)

@@ -33,6 +33,12 @@ CPU_MEASURED = ("cpus", "split", "rollout_step_s", "rollout_per_seq_s", "rollout
                 "tick_mean_s")
 
 
+def shared_cores(busy: int, cores: int) -> float:
+    """How many times slower work runs while `busy` ranks work at once on `cores` cores, shared equally:
+    the law bench/placements.py fits this machine's speeds under and the simulator replays them with."""
+    return max(1.0, busy / cores)
+
+
 class CalibrationError(ValueError):
     pass
 
@@ -132,8 +138,7 @@ class CostModel:
     plan_interval_s: float | None = None  # how often rank 0 plans; None: calibration.json's setting
 
     def contention(self, busy: int) -> float:
-        """How many times slower work runs while `busy` slots work at once: they share the cores equally."""
-        return max(1.0, busy / self.cores) if self.cores else 1.0
+        return shared_cores(busy, self.cores) if self.cores else 1.0
 
     def tick_seconds(self, placement: str) -> float:
         """Lockstep: what a tick costs beyond its slowest engine step."""
