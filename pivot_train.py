@@ -315,7 +315,7 @@ def main(argv=None):
         held.close()
     del context, rollout_engine, genrm  # the engines must go before the process group they use
     gc.collect()
-    shutdown_distributed()
+    shutdown_distributed(d)
 
 
 def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, plan, step, timeline, args):

@@ -179,7 +179,7 @@ class ParameterStorage:
         if self.buffer is not None and torch.cuda.is_available():
             torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr()))
         self.views, self.buffer, self._version = {}, None, None
-        self.device_views, self.device_buffer = {}, None
+        self.device_views, self.device_buffer, self.writers = {}, None, None
 
 
 def export_cuda(tensor: torch.Tensor):

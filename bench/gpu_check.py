@@ -157,7 +157,7 @@ def main():
     results["ipc"] = ipc_share()
     torch.cuda.empty_cache()
     results["fsdp"] = fsdp_steps(d, config)
-    shutdown_distributed()
+    shutdown_distributed(d)
 
     s, f = results["storage"], results["fsdp"]
     rows = [("pinned host -> device", f"{results['pinned']['h2d_GBps']:.1f} GB/s"),

@@ -58,4 +58,4 @@ for model_dir in model_dirs:
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"))
 del engines, engine
 gc.collect()
-shutdown_distributed()
+shutdown_distributed(d)

@@ -43,4 +43,4 @@ results["lengths"] = sorted(len(c.token_ids) for c in whole.values())
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"), indent=1)
 for engine in engines:
     engine.close()
-shutdown_distributed()
+shutdown_distributed(d)

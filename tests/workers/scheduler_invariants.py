@@ -86,4 +86,4 @@ results["weight_gap"] = max(((moved_weights[n] - w).norm() / w.norm().clamp_min(
                             for n, w in still_weights.items())
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"))
 del context, rollout, genrm
-shutdown_distributed()
+shutdown_distributed(d)

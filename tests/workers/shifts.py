@@ -122,4 +122,4 @@ json.dump({"checks": checks, "records": records, "resize_gap": resize_gap, "step
 for s in (policy, genrm, state):
     s.close()
 del engines, ctx
-shutdown_distributed()
+shutdown_distributed(d)

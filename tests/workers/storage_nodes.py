@@ -31,4 +31,4 @@ for version in (1, 2):
         torch.equal(seen[n].view(torch.uint8), t.view(torch.uint8)) for n, t in full.items()))
 storage.close()
 json.dump({"ok": ok, "node": d.node}, open(f"{out}/rank{d.rank}.json", "w"))
-shutdown_distributed()
+shutdown_distributed(d)

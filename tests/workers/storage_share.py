@@ -23,4 +23,4 @@ for version in (1, 2):
         assert torch.equal(seen[name], tensor), name
 storage.close()
 json.dump({"versions_seen": [1, 2]}, open(f"{sys.argv[1]}/rank{d.rank}.json", "w"))
-shutdown_distributed()
+shutdown_distributed(d)

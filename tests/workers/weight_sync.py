@@ -65,4 +65,4 @@ json.dump({"logprob_gap": logprob_gap, "grad_gap": grad_gap, "moved": moved,
            "vllm": vllm_tokens, "hf": hf_tokens}, open(f"{out}/rank{d.rank}.json", "w"))
 storage.close()
 del engine
-shutdown_distributed()
+shutdown_distributed(d)
