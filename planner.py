@@ -134,7 +134,9 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
         judge = max(rollout + last, longest,
                     rollout + (left + joining * costs[("rollout", "genrm")]) / (g + joining))
     need = work.train_tokens / speeds.train_per_s
-    left = need - min(need, t * judge)
+    # Early train ranks can only work through groups already judged: in a long tail most groups
+    # complete near the end, so counting on those still to come would park ranks in train idle.
+    left = need - min(need, t * judge, work.train_ready / speeds.train_per_s)
     to_train = costs[("genrm", "train")] * (n - t)
     return judge + (left + to_train) / n
 

@@ -43,6 +43,7 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
         r = sim.run(args.steps)
         out[placement] = {"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens / r.seconds,
                           "step_s": r.step_seconds, "shifts": r.shifts, "mean_shift_s": r.shift_seconds,
+                          "busy_fraction": r.busy_fraction, "phases_s": r.phases, "slot_seconds": r.slot_seconds,
                           "split": {k: v * model.slot_gpus for k, v in r.split.items()}}
     pivot = out["pivot"]["samples_per_s"]
     return {"gpus": gpus, "placements": out,
@@ -52,12 +53,20 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
 
 def print_group(group: str, r: dict) -> None:
     print(f"\n{group} on {r['gpus']} devices")
-    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'shifts':>8}{'mean shift s':>14}"
-          f"  roles at start (devices)")
+    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'busy':>6}{'shifts':>8}"
+          f"{'mean shift s':>14}  roles at start (devices)")
     for name, p in r["placements"].items():
         step = sum(p["step_s"]) / len(p["step_s"])
-        print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{step:>9.1f}{p['shifts']:>8}"
-              f"{p['mean_shift_s']:>14.2f}  {p['split']}")
+        print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{step:>9.1f}"
+              f"{p['busy_fraction']:>6.0%}{p['shifts']:>8}{p['mean_shift_s']:>14.2f}  {p['split']}")
+    states = list(next(iter(r["placements"].values()))["slot_seconds"])
+    print(f"  {'device-seconds':<15}" + "".join(f"{k:>14}" for k in states))
+    for name, p in r["placements"].items():
+        total = sum(p["slot_seconds"].values())
+        print(f"  {name:<15}" + "".join(f"{p['slot_seconds'][k] / total:>14.0%}" for k in states))
+    phases = r["placements"]["colocated"]["phases_s"]
+    total = sum(phases.values())
+    print("  colocated's step: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in phases.items()))
     for key, (lo, hi) in PAPER.items():
         print(f"  {key:<26}{r[key]:>6.2f}x   paper {lo:.2f}-{hi:.2f}x (128 GPUs)")
 

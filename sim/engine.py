@@ -31,6 +31,7 @@ import planner
 from sim.calibration import CostModel, Workload
 
 ENGINE_ROLES = ("rollout", "genrm")
+ROLES = ENGINE_ROLES + ("train",)
 
 
 @dataclass
@@ -58,6 +59,14 @@ class Result:
     shift_seconds: float
     step_seconds: list[float]
     split: dict[str, int]
+    slot_seconds: dict[str, float]  # by state: a role at work, "<role> idle", "shifting"; sums to slots x seconds
+    phases: dict[str, float]  # summed over steps: until the last response, then the last verdict, then the end
+
+    @property
+    def busy_fraction(self) -> float:
+        """Of all slot-seconds, those spent at work (an engine with sequences, a trainer with tokens):
+        the rest is what moving slots between roles can fill."""
+        return sum(self.slot_seconds.get(role, 0.0) for role in ROLES) / (self.slots * self.seconds)
 
     @property
     def samples_per_s(self) -> float:
@@ -106,6 +115,8 @@ class Simulation:
         self.slots = [Slot(i, role) for i, role in enumerate(roles)]
         self.now, self.events, self.counter = 0.0, [], 0
         self.shifts, self.shift_seconds = 0, 0.0
+        self.slot_s = dict.fromkeys(ROLES + tuple(f"{r} idle" for r in ROLES) + ("shifting",), 0.0)
+        self.phases = {"rollout": 0.0, "judge_tail": 0.0, "train_tail": 0.0}
         self.stalled = (-math.inf, 0.0)  # lockstep: the last instant engines were held, and for how long
         # What rank 0 knows of lengths before the step: earlier steps' draws (the first step's prior).
         seen = [workload.draw(self.rng) for _ in range(prior_steps)]
@@ -122,15 +133,19 @@ class Simulation:
             self._step(step)
             assert step.generated == step.judged == step.n and step.train_done == step.train_ready
             step_seconds.append(self.now - start)
+            self.phases["rollout"] += self.rollout_end - start
+            self.phases["judge_tail"] += self.judge_end - self.rollout_end
+            self.phases["train_tail"] += self.now - self.judge_end
             samples += step.n
             tokens += int(step.length.sum())
             self.lengths = planner.LengthEstimate(step.length, self.workload.max_response)
             self.critiques = planner.LengthEstimate(step.critique, self.workload.max_critique)
         return Result(self.placement, len(self.slots), self.now, samples, tokens, self.shifts,
-                      self.shift_seconds / max(self.shifts, 1), step_seconds, dict(self.split))
+                      self.shift_seconds / max(self.shifts, 1), step_seconds, dict(self.split),
+                      dict(self.slot_s), dict(self.phases))
 
     def _step(self, step: Step) -> None:
-        self.step, self.train_t = step, self.now
+        self.step, self.train_t, self.rollout_end = step, self.now, None
         self.events.clear()  # the last step's leftovers: stale by now
         if self.placement == "pivot":  # rank 0 plans before it hands out the step's work, as the loop does
             self._push(self.now, "plan", -1)
@@ -140,15 +155,19 @@ class Simulation:
             t, _, kind, s, version = heapq.heappop(self.events)
             assert t >= self.now - 1e-9, "the clock ran backwards"
             self._advance_train(t)
+            self._account(t)
             self.now = max(self.now, t)
             if kind == "plan":
                 self._plan()
                 self._push(self.now + self.interval, "plan", -1)
             elif version == self.slots[s].version:
                 self._touch(self.slots[s])
+            if self.rollout_end is None and step.generated == step.n:
+                self.rollout_end = self.now
             if self.placement == "colocated" and step.generated == step.n and self.slots[0].role == "rollout":
                 for slot in self.slots:  # rollout is over everywhere: every slot judges
                     self._shift(slot, "genrm", 0)
+        self.judge_end = self.now
         self._finish(step)
 
     def _finish(self, step: Step) -> None:
@@ -159,10 +178,14 @@ class Simulation:
                 self._shift(slot, "train", len(self.slots))
             self._advance_train(max(s.ready_at for s in self.slots))
         trainers = [s for s in self.slots if s.role == "train"]
-        self.now = max([self.now] + [s.ready_at for s in trainers])
+        end = max([self.now] + [s.ready_at for s in trainers])
+        self._account(end)
+        self.now = end
         left, n = step.train_ready - step.train_done, len(trainers)
         # Nothing else works now: the trainers share the cores among themselves.
-        self.now += left / (n * self.model.train_per_s(n)) * self.model.contention(n) + self.model.publish_seconds(n)
+        end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + self.model.publish_seconds(n)
+        self._account(end, training=True)
+        self.now = end
         step.train_done = step.train_ready
         for slot in self.slots:
             slot.ready_at = max(slot.ready_at, self.now)
@@ -172,7 +195,9 @@ class Simulation:
                 slot.ready_at = self.now + self.model.shift_seconds("rollout", "rollout", len(trainers))
         for slot in self.slots:
             slot.t, slot.version = slot.ready_at, slot.version + 1
-        self.now = min(s.ready_at for s in self.slots)
+        end = min(s.ready_at for s in self.slots)
+        self._account(end)
+        self.now = end
 
     # -- engines ------------------------------------------------------------------------------------
 
@@ -215,6 +240,16 @@ class Simulation:
                 s.version += 1
             left = int((self._target(s.role, s.running) - self._progress(s.role)[s.running]).min())
             self._push(max(self.now, s.t + left * s.step_s), "engine", s.index, s.version)
+
+    def _account(self, t: float, training: bool = False) -> None:
+        """Each slot's seconds from now to t, by state (nothing changes state in between but the end of
+        a shift). `training`: the step's last update, on the train slots, with nothing else at work."""
+        for s in self.slots:
+            shifting = min(max(s.ready_at - self.now, 0.0), max(t - self.now, 0.0))
+            self.slot_s["shifting"] += shifting
+            # Early training counts as idle here; _advance_train moves the seconds it worked to "train".
+            working = training if s.role == "train" else bool(s.running) and not training
+            self.slot_s[s.role if working else f"{s.role} idle"] += max(t - self.now, 0.0) - shifting
 
     def _busy(self) -> int:
         """Slots working now: engines with sequences, train slots with judged groups to train on."""
@@ -308,6 +343,9 @@ class Simulation:
         if self.model.early_train and trainers:
             seconds = sum(max(0.0, t - max(self.train_t, s.ready_at)) for s in trainers)
             rate = self.model.train_per_s(len(trainers)) / self.model.contention(self._busy())
+            worked = min(seconds, (step.train_ready - step.train_done) / rate)  # until the judged groups run out
+            self.slot_s["train"] += worked
+            self.slot_s["train idle"] -= worked
             step.train_done = min(step.train_ready, step.train_done + seconds * rate)
         self.train_t = t
 

@@ -114,6 +114,15 @@ def test_early_training_only_with_complete_groups_and_a_large_enough_group():
                 PlannerConfig(early_train=True)) == []  # no complete group yet
 
 
+def test_train_ranks_are_credited_only_with_judged_groups():
+    # One long critique holds the judge for minutes; one group is judged (1 s of training for one rank)
+    # and the rest of the update is still to come. Train ranks would finish that group and wait: no
+    # move pays, where crediting them with groups still being judged sent seven ranks to train.
+    work = Work(judge_seqs=64, judge_tokens=64 * 4000, judge_longest=16000, judge_prefill=64 * 2000,
+                critique_tokens=4000, train_ready=SPEEDS.train_per_s, train_tokens=1e8)
+    assert plan(ranks(*["genrm"] * 8), work, SPEEDS, costs(1.0), PlannerConfig(early_train=True)) == []
+
+
 works = st.builds(
     Work, rollout_seqs=st.integers(0, 300), rollout_tokens=st.floats(0, 1e6), rollout_longest=st.floats(0, 2e4),
     rollout_prefill=st.floats(0, 1e5), judge_seqs=st.integers(0, 300), judge_tokens=st.floats(0, 1e5),

@@ -150,3 +150,23 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
         assert p["samples_per_s"] * sum(p["step_s"]) == pytest.approx(2 * measured["prompts_per_step"]
                                                                       * measured["group_size"])
     assert r["placements"]["pivot"]["shifts"] > 0 and r["placements"]["colocated"]["shifts"] > 0
+
+
+@pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
+def test_phases_and_slot_states_account_for_the_run(cal, placement):
+    sim, result, _ = run(cal, placement, slots=8)
+    assert sum(result.phases.values()) == pytest.approx(result.seconds)
+    assert sum(result.slot_seconds.values()) == pytest.approx(8 * result.seconds)
+    assert all(v >= 0 for v in [*result.phases.values(), *result.slot_seconds.values()])
+    moves = result.shifts * result.shift_seconds
+    if placement == "disaggregated":  # its rollout slots also reload each new version, which is no move
+        assert result.slot_seconds["shifting"] > moves
+    else:
+        assert result.slot_seconds["shifting"] == pytest.approx(moves)
+    assert 0 < result.busy_fraction < 1
+
+
+def test_one_slot_is_idle_only_while_it_shifts(cal):
+    sim, result, _ = run(cal, "colocated", slots=1, prompts=2)
+    assert sum(v for k, v in result.slot_seconds.items() if k.endswith("idle")) == pytest.approx(0, abs=1e-9)
+    assert result.busy_fraction == pytest.approx(1 - result.shifts * result.shift_seconds / result.seconds)
