@@ -61,6 +61,7 @@ class Result:
     split: dict[str, int]
     slot_seconds: dict[str, float]  # by state: a role at work, "<role> idle", "shifting"; sums to slots x seconds
     phases: dict[str, float]  # summed over steps: until the last response, then the last verdict, then the end
+    critical_path_s: float  # summed over steps: what no placement can beat (Simulation._critical_path)
 
     @property
     def busy_fraction(self) -> float:
@@ -126,10 +127,11 @@ class Simulation:
     # -- the run ------------------------------------------------------------------------------------
 
     def run(self, steps: int) -> Result:
-        step_seconds, samples, tokens = [], 0, 0
+        step_seconds, samples, tokens, critical = [], 0, 0, 0.0
         for _ in range(steps):
             start = self.now
             step = Step(self.workload, self.rng)
+            critical += self._critical_path(step)
             self._step(step)
             assert step.generated == step.judged == step.n and step.train_done == step.train_ready
             step_seconds.append(self.now - start)
@@ -142,7 +144,7 @@ class Simulation:
             self.critiques = planner.LengthEstimate(step.critique, self.workload.max_critique)
         return Result(self.placement, len(self.slots), self.now, samples, tokens, self.shifts,
                       self.shift_seconds / max(self.shifts, 1), step_seconds, dict(self.split),
-                      dict(self.slot_s), dict(self.phases))
+                      dict(self.slot_s), dict(self.phases), critical)
 
     def _step(self, step: Step) -> None:
         self.step, self.train_t, self.rollout_end = step, self.now, None
@@ -198,6 +200,26 @@ class Simulation:
         end = min(s.ready_at for s in self.slots)
         self._account(end)
         self.now = end
+
+    def _critical_path(self, step: Step, block: int = 64) -> float:
+        """A lower bound on the step, whatever the placement: its slowest sample generated and then
+        judged alone, at batch 1 and without any shift, then the update of that sample's group on every
+        slot (the other groups may train earlier) and publishing. Each engine step is charged the context
+        at the start of its block of `block` tokens (steps only grow with context); the candidates are
+        the samples longest in response, critique and both."""
+        m, n, g = self.model, len(self.slots), step.group_size
+
+        def alone(role: str, context: int, tokens: int) -> float:
+            return sum(m.step_seconds(role, 1, context + k) * min(block, tokens - k) for k in range(0, tokens, block))
+
+        top = lambda x: np.argsort(x)[-8:].tolist()  # noqa: E731
+        candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
+        judge_prompt = step.prompt + step.judge_template
+        return max(step.prompt / m.prefill_per_s["rollout"] + alone("rollout", step.prompt, int(step.length[i]))
+                   + (judge_prompt + step.length[i]) / m.prefill_per_s["genrm"]
+                   + alone("genrm", judge_prompt + int(step.length[i]), int(step.critique[i]))
+                   + float(step.tokens(slice(i // g * g, i // g * g + g)).sum()) / (n * m.train_per_s(n))
+                   for i in candidates) + m.publish_seconds(n)
 
     # -- engines ------------------------------------------------------------------------------------
 

@@ -164,6 +164,7 @@ def test_phases_and_slot_states_account_for_the_run(cal, placement):
     else:
         assert result.slot_seconds["shifting"] == pytest.approx(moves)
     assert 0 < result.busy_fraction < 1
+    assert result.seconds >= result.critical_path_s > 0  # no placement beats its slowest sample
 
 
 def test_one_slot_is_idle_only_while_it_shifts(cal):

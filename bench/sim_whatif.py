@@ -1,0 +1,94 @@
+"""Which of the simulator's assumptions set the pivot ratios at cluster scale: each model group at --gpus,
+as calibrated and with one workload or cost figure changed at a time, side by side.
+
+    python bench/sim_whatif.py [--gpus 128] [--model-group all] [--steps 2] [--json PATH]
+
+For every case it prints pivot/colocated and pivot/disaggregated, the share of colocated's device-seconds
+spent idle (all that moving devices between roles can fill) and how colocated's step divides: until the
+last response, then the last verdict, then the end of the update. The changed figures are not
+calibrated: they ask what the ratios would be if the workload or the costs were so.
+"""
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sim.__main__ import PAPER, simulate  # noqa: E402
+from sim.calibration import load  # noqa: E402
+
+
+# name -> (what it asks, {calibration entry: factor applied to its value})
+CASES = {
+    "as calibrated": ("", {}),
+    "128 prompts": ("a quarter of the prompts per step: fewer sequences per device, so the tail weighs more",
+                    {"workload.prompts_per_step": 0.25}),
+    "tail p99 30x": ("responses with p99 at 30x the median instead of 10x (same budget)",
+                     {"workload.response_p99_over_median": 3.0}),
+    "critiques 8k": ("a judge that reasons at RM-R1's length: 8,192-token critiques",
+                     {"workload.max_critique_tokens": 2.0}),
+    "free shifts": ("moves and publishing that cost nothing: wake 0 s, host and node links 1,000x faster",
+                    {"h200.engine_wake_s": 0.0, "h200.h2d_bytes_per_s": 1000.0, "h200.d2h_bytes_per_s": 1000.0,
+                     "h200.node_link_bytes_per_s": 1000.0}),
+}
+
+
+def case_calibration(base: dict, factors: dict) -> dict:
+    """A copy of `base` with each named entry's value multiplied by its factor."""
+    cal = copy.deepcopy(base)
+    for path, factor in factors.items():
+        node = cal
+        for key in path.split("."):
+            node = node[key]
+        node["value"] *= factor
+    return cal
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gpus", type=int, default=128)
+    p.add_argument("--model-group", default="all")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    base = load()
+    groups = list(base["groups"]) if args.model_group == "all" else [args.model_group]
+    cases = args.cases.split(",")
+    for name in cases:
+        if name not in CASES:
+            raise SystemExit(f"--cases {name}: pick from {', '.join(CASES)}")
+    for group in groups:
+        if group not in base["groups"]:
+            raise SystemExit(f"--model-group {group}: calibration.json has {', '.join(base['groups'])} or all")
+    sim_args = argparse.Namespace(calibration="h200", prompts=None, steps=args.steps, seed=args.seed)
+    report = {}
+    print(f"{args.gpus} devices; paper: pivot/colocated {PAPER['pivot_over_colocated']}, "
+          f"pivot/disaggregated {PAPER['pivot_over_disaggregated']}")
+    print(f"{'group':<20}{'case':<16}{'pivot/coloc':>12}{'pivot/disagg':>13}{'coloc idle':>11}"
+          f"  colocated's step: rollout / judge tail / train tail")
+    for group in groups:
+        for name in cases:
+            cal = case_calibration(base, CASES[name][1])
+            r = simulate(cal, group, args.gpus, sim_args)
+            coloc = r["placements"]["colocated"]
+            phases = coloc["phases_s"]
+            total = sum(phases.values())
+            split = " / ".join(f"{v / total:.0%}" for v in phases.values())
+            print(f"{group:<20}{name:<16}{r['pivot_over_colocated']:>11.2f}x{r['pivot_over_disaggregated']:>12.2f}x"
+                  f"{1 - coloc['busy_fraction']:>11.0%}  {split}", flush=True)
+            report.setdefault(group, {})[name] = {
+                "asks": CASES[name][0], "pivot_over_colocated": r["pivot_over_colocated"],
+                "pivot_over_disaggregated": r["pivot_over_disaggregated"],
+                "colocated_idle_fraction": 1 - coloc["busy_fraction"], "colocated_phases_s": phases,
+                "pivot_busy_fraction": r["placements"]["pivot"]["busy_fraction"],
+                "shifts": r["placements"]["pivot"]["shifts"]}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "cases": report}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
