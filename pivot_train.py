@@ -27,6 +27,7 @@ import json
 import string
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -294,11 +295,11 @@ def main(argv=None):
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
         samples, generation, parse_failures = rollout_and_judge(d, context, batch, rollout_engine, genrm,
                                                                 placement.plan, step, timeline, args)
-        shifts = generation.pop("shifts") + context.apply(placement.train_roles())
+        shifts = generation.pop("shifts") + timeline.apply(step, context, placement.train_roles())
         with timeline.busy(step, "train") if context.trainer else nullcontext():
             stats = train_step(context, samples, args)
             publish_weights(context.trainer, storage, version=step + 1)
-        shifts += context.apply(placement.start_roles())  # the rollout engines load the new version
+        shifts += timeline.apply(step, context, placement.start_roles())  # the rollout engines load the new version
         placement.learn(samples, shifts)
         record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
@@ -458,6 +459,9 @@ class Placement:
                 self.planner.costs[key] = 0.5 * self.planner.costs[key] + 0.5 * shift["seconds"]
 
 
+TIMELINE_COLOURS = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green", "shift": "black"}
+
+
 class Timeline:
     """Which rank held which role when; rank 0 writes it to timeline.jsonl and draws timeline.png."""
 
@@ -476,6 +480,17 @@ class Timeline:
         else:
             self.spans.append({"step": step, "rank": self.d.rank, "role": role, "start": start, "end": end})
 
+    def apply(self, step: int, context, roles: list[str]) -> list[dict]:
+        """context.apply(roles), with this rank's shift in it (if it moves or reloads) kept as a span of
+        role "shift"; returns the shift records."""
+        start = time.perf_counter() - self.t0
+        records = context.apply(roles)
+        for r in records:
+            if r["rank"] == self.d.rank:
+                self.spans.append({"step": step, "rank": self.d.rank, "role": "shift", "from": r["from"],
+                                   "to": r["to"], "start": start, "end": start + r["seconds"]})
+        return records
+
     def close_step(self, step: int) -> dict:
         """Gathers the step's spans; returns each role's busy seconds summed over ranks."""
         shards = [None] * self.d.world_size
@@ -484,31 +499,46 @@ class Timeline:
         spans = [s for shard in shards for s in shard]
         busy = {role: 0.0 for role in ("rollout", "genrm", "train")}
         for s in spans:
-            busy[s["role"]] += s["end"] - s["start"]
+            if s["role"] in busy:
+                busy[s["role"]] += s["end"] - s["start"]
         if self.d.rank == 0:
             with open(self.out / "timeline.jsonl", "a") as f:
                 f.writelines(json.dumps(s) + "\n" for s in spans)
         return {"busy_s": busy}
 
     def draw(self) -> None:
+        """timeline.png, the whole run; timeline_step.png, the step with the most shifts, each shift
+        marked with the roles it went between."""
         if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
             return
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
-        colours = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green"}
-        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
-        for s in spans:
-            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"], color=colours[s["role"]])
-        ax.set_xlabel("seconds since start")
-        ax.set_ylabel("rank")
-        ax.set_yticks(range(self.d.world_size))
-        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()],
-                  labels=list(colours), loc="upper right")
-        fig.tight_layout()
-        fig.savefig(self.out / "timeline.png", dpi=100)
-        plt.close(fig)
+        shifts = Counter(s["step"] for s in spans if s["role"] == "shift")
+        busiest = max(shifts, key=lambda step: (shifts[step], step)) if shifts else None
+        step_spans = [s for s in spans if s["step"] == busiest]
+        for name, shown, title in (("timeline.png", spans, "the run"),
+                                   ("timeline_step.png", step_spans, f"step {busiest}: {shifts[busiest]} shifts")):
+            if not shown:
+                continue
+            origin = min(s["start"] for s in shown) if shown is step_spans else 0.0
+            fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
+            for s in shown:
+                ax.barh(s["rank"], s["end"] - s["start"], left=s["start"] - origin, color=TIMELINE_COLOURS[s["role"]],
+                        hatch="//" if s["role"] == "shift" else None)
+                if s["role"] == "shift" and shown is step_spans:
+                    ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
+                                fontsize=7, ha="left", va="bottom")
+            ax.set_xlabel("seconds since the start of " + ("the run" if shown is spans else f"step {busiest}"))
+            ax.set_ylabel("rank")
+            ax.set_yticks(range(self.d.world_size))
+            ax.set_title(title + " (shift labels: r rollout, g genrm, t train)" if shown is step_spans else title)
+            ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLOURS.values()],
+                      labels=list(TIMELINE_COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+            fig.tight_layout()
+            fig.savefig(self.out / name, dpi=100)
+            plt.close(fig)
 
 
 def forget_after(out: Path, start: int) -> None:

@@ -185,7 +185,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
             if orders.roles[d.rank] != context.role and engine is not None:
                 exported = engine.export()
             start = time.perf_counter()
-            shifts += context.apply(orders.roles)
+            shifts += timeline.apply(step, context, orders.roles)
             if queues is not None:  # collective: every rank waits for the slowest shift
                 queues.shift_s += time.perf_counter() - start
         engine = context.engines.get(context.role)

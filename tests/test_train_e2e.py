@@ -25,3 +25,8 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
     assert last["eval_accuracy"] >= first["eval_accuracy"] + 0.2
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     assert {s["rank"] for s in timeline} == {0, 1} and (out / "timeline.png").stat().st_size > 0
+    # the timeline holds every shift the metrics report, on the rank that made it
+    for r in records[:-1]:
+        marked = sorted((s["rank"], s["from"], s["to"]) for s in timeline if s["step"] == r["step"] and s["role"] == "shift")
+        assert marked == sorted((s["rank"], s["from"], s["to"]) for s in r["shifts"])
+    assert (out / "timeline_step.png").stat().st_size > 0

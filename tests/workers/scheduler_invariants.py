@@ -4,12 +4,13 @@ generated without any move, and the policy update from them the same as without 
 import json
 import random
 import sys
-from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from transformers import AutoTokenizer
 
+from pivot_train import Timeline
 from roles.genrm import GenRM
 from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
@@ -38,16 +39,10 @@ batch = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r 
 args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_tokens=48)
 
 
-class NoTimeline:
-    @contextmanager
-    def busy(self, step, role):
-        yield
-
-
 def run(plan, capacity, seed):
     queues = StepQueues(batch, rollout, genrm, step=0, args=args) if d.rank == 0 else None
     samples, shifts, _ = generate(d, context, queues, plan, capacity=capacity, seed=seed, step=0,
-                                  timeline=NoTimeline())
+                                  timeline=Timeline(d, Path(out)))
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
     context.apply(["rollout"] * d.world_size)  # the next trial starts where a step starts
