@@ -70,7 +70,7 @@ def print_group(group: str, r: dict) -> None:
     phases = r["placements"]["colocated"]["phases_s"]
     total = sum(phases.values())
     print("  colocated's step: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in phases.items()))
-    print(f"  critical path (the slowest sample alone, then its group's update on every device): "
+    print(f"  critical path (the slowest sample alone, then the update it waits for, on every device): "
           f"{r['critical_path_s'] / len(r['placements']['pivot']['step_s']):.1f} s/step; colocated takes "
           f"{r['colocated_over_critical_path']:.2f}x that, the most any placement can gain over it")
     for key, (lo, hi) in PAPER.items():

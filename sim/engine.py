@@ -203,14 +203,18 @@ class Simulation:
 
     def _critical_path(self, step: Step, block: int = 64) -> float:
         """A lower bound on the step, whatever the placement: its slowest sample generated and then
-        judged alone, at batch 1 and without any shift, then the update of that sample's group on every
-        slot (the other groups may train earlier) and publishing. Each engine step is charged the context
-        at the start of its block of `block` tokens (steps only grow with context); the candidates are
-        the samples longest in response, critique and both."""
+        judged alone, at batch 1, with no shift (in lockstep, each engine step a tick), then the update
+        on every slot, of that sample's group where the cost model lets groups train early, else of all,
+        and publishing. Each engine step is charged the context at the start of its block of `block`
+        tokens (steps only grow with context); the candidates are the samples longest in response,
+        critique and both."""
         m, n, g = self.model, len(self.slots), step.group_size
+        # Lockstep engines pay the tick's exchange on every step, whatever the placement.
+        tick = min(m.tick_seconds(p) for p in ("colocated", "disaggregated", "pivot")) if m.lockstep else 0.0
 
         def alone(role: str, context: int, tokens: int) -> float:
-            return sum(m.step_seconds(role, 1, context + k) * min(block, tokens - k) for k in range(0, tokens, block))
+            return sum((m.step_seconds(role, 1, context + k) + tick) * min(block, tokens - k)
+                       for k in range(0, tokens, block))
 
         top = lambda x: np.argsort(x)[-8:].tolist()  # noqa: E731
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
@@ -218,7 +222,8 @@ class Simulation:
         return max(step.prompt / m.prefill_per_s["rollout"] + alone("rollout", step.prompt, int(step.length[i]))
                    + (judge_prompt + step.length[i]) / m.prefill_per_s["genrm"]
                    + alone("genrm", judge_prompt + int(step.length[i]), int(step.critique[i]))
-                   + float(step.tokens(slice(i // g * g, i // g * g + g)).sum()) / (n * m.train_per_s(n))
+                   + float(step.tokens(slice(i // g * g, i // g * g + g) if m.early_train else slice(None)).sum())
+                   / (n * m.train_per_s(n))
                    for i in candidates) + m.publish_seconds(n)
 
     # -- engines ------------------------------------------------------------------------------------
