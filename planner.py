@@ -96,6 +96,18 @@ def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, s
             if r.role == "rollout":
                 moves.append(Move(i, "rollout", "genrm"))
                 ranks[i] = replace(r, role="genrm", since_shift_s=0.0)
+    waiting = _judge_waiting(work)
+    if not work.rollout_prefill and waiting:
+        # A rollout rank with nothing running, while no rollout work waits for a rank, gives nothing up
+        # by judging: it moves as long as waiting responses would fill its engine. finish_seconds may see
+        # no gain (it has the judge drain its queue during rollout's tail), but a queue that waits is
+        # judge work that idle ranks could be doing. Sequences still rolling out keep a rank.
+        room = -(-waiting // speeds.genrm.max_seqs)
+        idle = [i for i, r in enumerate(ranks) if r.role == "rollout" and not r.in_flight_tokens]
+        busy = sum(r.role == "rollout" for r in ranks) - len(idle)
+        for i in idle[:min(room, len(idle) - (1 if work.rollout_seqs and not busy else 0))]:
+            moves.append(Move(i, "rollout", "genrm"))
+            ranks[i] = replace(ranks[i], role="genrm", since_shift_s=0.0)
     # Each pass moves ranks that then may not move again (dwell), so this ends.
     while (best := _best_move(ranks, work, speeds, costs, config)) is not None:
         moving, dst = best
@@ -164,6 +176,15 @@ def _judge_work(work: Work) -> tuple[int, float, float]:
             work.judge_prefill + work.rollout_seqs * work.judge_prompt_tokens)
 
 
+def _judge_waiting(work: Work) -> int:
+    """Responses waiting for a judge engine (not yet admitted), from their prefill tokens."""
+    if not work.judge_prefill or not work.judge_seqs:
+        return 0
+    if not work.judge_prompt_tokens:
+        return 1
+    return max(1, round(min(float(work.judge_seqs), work.judge_prefill / work.judge_prompt_tokens)))
+
+
 def _has_work(role: str, work: Work) -> bool:
     """Work the role can do now (judge work to come does not count: rollout ranks take it later)."""
     return {"rollout": work.rollout_seqs > 0, "genrm": work.judge_seqs > 0, "train": False}[role]
@@ -208,7 +229,10 @@ def _best_move(ranks, work, speeds, costs, config) -> tuple[list[int], str] | No
 
 
 def _destinations(src: str, work: Work, config: PlannerConfig) -> list[str]:
-    dsts = ["rollout", "genrm"] + (["train"] if config.early_train and work.train_ready > 0 else [])
+    """Where a rank may go: rollout only while sequences wait for a rollout engine (an arriving rank is
+    handed queued work, never a share of what runs elsewhere), train only with judged groups."""
+    dsts = (["rollout"] if work.rollout_prefill > 0 else []) + ["genrm"] + \
+        (["train"] if config.early_train and work.train_ready > 0 else [])
     return [d for d in dsts if d != src]
 
 

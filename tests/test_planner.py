@@ -1,5 +1,6 @@
 """The planner's decisions on hand-made step states: pure, milliseconds."""
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -31,13 +32,13 @@ def ranks(*roles, tokens=0) -> list[Rank]:
 
 
 def test_no_move_when_the_saving_is_below_the_cost():
-    assert plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1e4)) == []
-    moves = plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1.0))
+    assert plan(ranks(*["rollout"] * 7, "genrm", tokens=100), TAIL, SPEEDS, costs(1e4)) == []
+    moves = plan(ranks(*["rollout"] * 7, "genrm", tokens=100), TAIL, SPEEDS, costs(1.0))
     assert moves and all(m.src == "rollout" and m.dst == "genrm" for m in moves)
 
 
 def test_a_move_pays_its_cost_with_margin():
-    now = ranks(*["rollout"] * 7, "genrm")
+    now = ranks(*["rollout"] * 7, "genrm", tokens=100)
     config = PlannerConfig(margin=0.5)
     for c in (0.5, 5.0, 50.0):
         moves = plan(now, TAIL, SPEEDS, costs(c), config)
@@ -48,7 +49,8 @@ def test_a_move_pays_its_cost_with_margin():
 
 
 def test_tail_frees_rollout_ranks_for_the_judge_and_keeps_one():
-    roles = apply_moves(["rollout"] * 7 + ["genrm"], plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1.0)))
+    now = ranks(*["rollout"] * 7, "genrm", tokens=100)
+    roles = apply_moves(["rollout"] * 7 + ["genrm"], plan(now, TAIL, SPEEDS, costs(1.0)))
     assert roles.count("genrm") >= 4 and roles.count("rollout") >= 1
 
 
@@ -58,7 +60,7 @@ def test_judge_ranks_without_work_go_to_a_rollout_bottleneck():
 
 
 def test_migration_prefill_counts_as_cost():
-    cheap = plan(ranks(*["rollout"] * 7, "genrm"), TAIL, SPEEDS, costs(1.0))
+    cheap = plan(ranks(*["rollout"] * 7, "genrm", tokens=100), TAIL, SPEEDS, costs(1.0))
     # every rollout rank holds sequences whose prefill alone costs more than the move could save
     dear = plan(ranks(*["rollout"] * 7, "genrm", tokens=10 ** 9), TAIL, SPEEDS, costs(1.0))
     assert cheap and dear == []
@@ -72,7 +74,7 @@ def test_the_cheapest_rank_to_migrate_moves_first():
 
 
 def test_a_judge_backlog_gets_a_rank_whatever_the_cost():
-    moves = plan(ranks(*["rollout"] * 4), TAIL, SPEEDS, costs(1e9))
+    moves = plan(ranks(*["rollout"] * 4, tokens=100), TAIL, SPEEDS, costs(1e9))
     assert moves == [Move(0, "rollout", "genrm")]
 
 
@@ -87,8 +89,22 @@ def test_rollout_ranks_join_the_judge_once_rollout_ends():
     assert plan(now, judging, SPEEDS, costs(1e9)) == []
 
 
+def test_idle_rollout_ranks_judge_waiting_responses_whatever_the_cost():
+    # rollout's last 2 sequences run on ranks 0 and 1; ranks 2-6 have nothing to run and no prompt waits;
+    # 100 responses wait for the judge: two engines' worth (64 each), so two idle ranks go, cost or not
+    work = Work(rollout_seqs=2, rollout_tokens=2 * 5000, rollout_longest=8000, judge_seqs=164,
+                judge_tokens=164 * 500, judge_longest=4000, judge_prefill=100 * 1500, critique_tokens=500,
+                judge_prompt_tokens=1500, train_tokens=1e6)
+    now = [Rank("rollout", 900), Rank("rollout", 800)] + ranks(*["rollout"] * 5) + [Rank("genrm", 5000)]
+    assert plan(now, work, SPEEDS, costs(1e9)) == [Move(2, "rollout", "genrm"), Move(3, "rollout", "genrm")]
+    # a prompt still waiting for a rollout engine: the idle ranks are rollout's to use
+    assert plan(now, replace(work, rollout_prefill=300), SPEEDS, costs(1e9)) == []
+    # nothing waits for the judge (every response is being judged): they stay
+    assert plan(now, replace(work, judge_prefill=0.0), SPEEDS, costs(1e9)) == []
+
+
 def test_a_rank_that_just_moved_stays():
-    now = [Rank("rollout", 0, since_shift_s=1.0) for _ in range(7)] + [Rank("genrm")]
+    now = [Rank("rollout", 100, since_shift_s=1.0) for _ in range(7)] + [Rank("genrm")]
     assert plan(now, TAIL, SPEEDS, costs(1.0), PlannerConfig(dwell=2.0)) == []
 
 
@@ -96,7 +112,7 @@ def test_steady_workload_settles_without_oscillation():
     roles, moves_per_call = ["rollout"] * 4 + ["genrm"] * 4, []
     since = [math.inf] * 8
     for _ in range(50):
-        moves = plan([Rank(r, 0, s) for r, s in zip(roles, since)], TAIL, SPEEDS, costs(2.0))
+        moves = plan([Rank(r, 100, s) for r, s in zip(roles, since)], TAIL, SPEEDS, costs(2.0))
         roles = apply_moves(roles, moves)
         since = [0.0 if any(m.rank == i for m in moves) else s + 1.0 for i, s in enumerate(since)]
         moves_per_call.append(len(moves))
