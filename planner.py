@@ -12,11 +12,15 @@ The model behind a decision (one step of synchronous GRPO, the three roles in a 
   genrm    judges responses as they finish; whatever its ranks have not judged when rollout ends,
            they judge together with the rollout ranks, which come over then (paying the shift).
   train    the update on judged groups: on every rank at the end of the step, and, when the caller
-           allows early training, on the train ranks as groups complete.
+           allows early training, on the train ranks as groups complete (credited only with the
+           groups already judged).
 `finish_seconds` predicts the step's remaining time from that chain. A move of m ranks from one role
 to another is taken only when the time it saves beats (1 + margin) x its cost (the shift, plus the
 prefill of the sequences it migrates), and a rank that moved stays for `dwell` x the cost of its next
-move (hysteresis against thrash, as planner-anchors.md advises).
+move (hysteresis against thrash, as planner-anchors.md advises). Three rules come first, cost or not:
+a role with work it can do now and no rank gets one; rollout ranks join the judge once rollout has
+ended and responses wait; a rollout rank with nothing running, while no prompt waits for rollout,
+takes waiting judge work.
 """
 import math
 from dataclasses import dataclass, replace
