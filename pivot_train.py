@@ -508,37 +508,40 @@ class Timeline:
 
     def draw(self) -> None:
         """timeline.png, the whole run; timeline_step.png, the step with the most shifts, each shift
-        marked with the roles it went between."""
+        labelled with the roles it went between."""
         if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
             return
+        spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
+        self._draw("timeline.png", spans, "the run", since="the run", origin=0.0)
+        shifts = Counter(s["step"] for s in spans if s["role"] == "shift")
+        if shifts:
+            step = max(shifts, key=lambda k: (shifts[k], k))
+            shown = [s for s in spans if s["step"] == step]
+            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, g genrm, t train)",
+                       since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
+
+    def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,
+              label_shifts: bool = False) -> None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
-        shifts = Counter(s["step"] for s in spans if s["role"] == "shift")
-        busiest = max(shifts, key=lambda step: (shifts[step], step)) if shifts else None
-        step_spans = [s for s in spans if s["step"] == busiest]
-        for name, shown, title in (("timeline.png", spans, "the run"),
-                                   ("timeline_step.png", step_spans, f"step {busiest}: {shifts[busiest]} shifts")):
-            if not shown:
-                continue
-            origin = min(s["start"] for s in shown) if shown is step_spans else 0.0
-            fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
-            for s in shown:
-                ax.barh(s["rank"], s["end"] - s["start"], left=s["start"] - origin, color=TIMELINE_COLOURS[s["role"]],
-                        hatch="//" if s["role"] == "shift" else None)
-                if s["role"] == "shift" and shown is step_spans:
-                    ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
-                                fontsize=7, ha="left", va="bottom")
-            ax.set_xlabel("seconds since the start of " + ("the run" if shown is spans else f"step {busiest}"))
-            ax.set_ylabel("rank")
-            ax.set_yticks(range(self.d.world_size))
-            ax.set_title(title + " (shift labels: r rollout, g genrm, t train)" if shown is step_spans else title)
-            ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLOURS.values()],
-                      labels=list(TIMELINE_COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
-            fig.tight_layout()
-            fig.savefig(self.out / name, dpi=100)
-            plt.close(fig)
+        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
+        for s in spans:
+            shift = s["role"] == "shift"
+            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"] - origin, color=TIMELINE_COLOURS[s["role"]],
+                    hatch="//" if shift else None)
+            if shift and label_shifts:
+                ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
+                            fontsize=7, ha="left", va="bottom")
+        ax.set_title(title)
+        ax.set_xlabel(f"seconds since the start of {since}")
+        ax.set_ylabel("rank")
+        ax.set_yticks(range(self.d.world_size))
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLOURS.values()],
+                  labels=list(TIMELINE_COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        fig.savefig(self.out / name, dpi=100)
+        plt.close(fig)
 
 
 def forget_after(out: Path, start: int) -> None:

@@ -17,10 +17,10 @@ The model behind a decision (one step of synchronous GRPO, the three roles in a 
 `finish_seconds` predicts the step's remaining time from that chain. A move of m ranks from one role
 to another is taken only when the time it saves beats (1 + margin) x its cost (the shift, plus the
 prefill of the sequences it migrates), and a rank that moved stays for `dwell` x the cost of its next
-move (hysteresis against thrash, as planner-anchors.md advises). Three rules come first, cost or not:
-a role with work it can do now and no rank gets one; rollout ranks join the judge once rollout has
-ended and responses wait; a rollout rank with nothing running, while no prompt waits for rollout,
-takes waiting judge work.
+move (hysteresis against thrash, as planner-anchors.md advises). Two rules come first, cost or not:
+a role with work it can do now and no rank gets one; while responses wait for the judge and no prompt
+waits for rollout, rollout ranks with nothing running join the judge (all of them once rollout has
+ended, before that as many as the waiting responses fill).
 """
 import math
 from dataclasses import dataclass, replace
@@ -93,23 +93,19 @@ def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, s
     for role in _starved(ranks, work):
         moves.append(_give_rank(ranks, work, role))
         ranks[moves[-1].rank] = replace(ranks[moves[-1].rank], role=role, since_shift_s=0.0)
-    if not work.rollout_seqs and work.judge_prefill:
-        # finish_seconds has the rollout ranks join the judge when rollout ends; now it has and responses
-        # wait for the judge, so they do (left where they are, they would idle until the update).
-        for i, r in enumerate(ranks):
-            if r.role == "rollout":
-                moves.append(Move(i, "rollout", "genrm"))
-                ranks[i] = replace(r, role="genrm", since_shift_s=0.0)
     waiting = _judge_waiting(work)
     if not work.rollout_prefill and waiting:
-        # A rollout rank with nothing running, while no rollout work waits for a rank, gives nothing up
-        # by judging: it moves as long as waiting responses would fill its engine. finish_seconds may see
-        # no gain (it has the judge drain its queue during rollout's tail), but a queue that waits is
-        # judge work that idle ranks could be doing. Sequences still rolling out keep a rank.
-        room = -(-waiting // speeds.genrm.max_seqs)
+        # A rollout rank with nothing running, while no prompt waits for rollout, gives nothing up by
+        # judging, and responses wait for the judge. Once rollout has ended every rollout rank goes
+        # (finish_seconds has them join the judge then; left where they are they would idle until the
+        # update). Before that, as many go as the waiting responses fill, and sequences still rolling
+        # out keep a rank: finish_seconds may see no gain (it has the judge drain its queue during
+        # rollout's tail), but a queue that waits is judge work that idle ranks could be doing.
         idle = [i for i, r in enumerate(ranks) if r.role == "rollout" and not r.in_flight_tokens]
-        busy = sum(r.role == "rollout" for r in ranks) - len(idle)
-        for i in idle[:min(room, len(idle) - (1 if work.rollout_seqs and not busy else 0))]:
+        if work.rollout_seqs:
+            busy = sum(r.role == "rollout" for r in ranks) - len(idle)
+            idle = idle[:min(-(-waiting // speeds.genrm.max_seqs), len(idle) - (0 if busy else 1))]
+        for i in idle:
             moves.append(Move(i, "rollout", "genrm"))
             ranks[i] = replace(ranks[i], role="genrm", since_shift_s=0.0)
     # Each pass moves ranks that then may not move again (dwell), so this ends.
