@@ -27,25 +27,24 @@ import json
 import string
 import sys
 import time
-from collections import Counter
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
+import checkpoint
+import faults
+from planner import parse_split
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
-import checkpoint
-import faults
-from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
-from shifting.scheduler import ROLES, StepQueues, colocated_plan, forced_plan, generate
+from shifting.placement import Placement
+from shifting.scheduler import StepQueues, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, step_prompts
+from timeline import Timeline
 
 HERE = Path(__file__).resolve().parent
 
@@ -101,6 +100,9 @@ def parse_args(argv=None):
                    help="with --force-shifts, the chance of a move at each engine step")
     p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each engine, MiB")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
+    p.add_argument("--round-steps", type=int, default=25,
+                   help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
+                        "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
     # run
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--checkpoint-every", type=int, default=0,
@@ -125,7 +127,7 @@ def check_config(args) -> str:
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
     for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
                       ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
-                      ("max_seqs", 1), ("checkpoint_every", 0)):
+                      ("max_seqs", 1), ("round_steps", 1), ("checkpoint_every", 0)):
         if getattr(args, flag) < low:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
@@ -277,33 +279,33 @@ def main(argv=None):
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
+    timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
-                          make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper))
-    timeline = Timeline(d, out)
+                          make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper),
+                          observer=timeline)
     board = tensorboard_writer(d, out)
 
     context.apply(placement.start_roles())  # the engines load the stored version (a resumed run's weights)
     for step in range(start, args.steps + 1):
+        timeline.begin_step(step)
         record = {"step": step}
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
             log_step(d, out, record, board)
             break
-        start, cpu = time.perf_counter(), cpu_ticks()
+        begin, cpu = time.perf_counter(), cpu_ticks()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
-        samples, generation, parse_failures = rollout_and_judge(d, context, batch, rollout_engine, genrm,
-                                                                placement.plan, step, timeline, args)
-        shifts = generation.pop("shifts") + timeline.apply(step, context, placement.train_roles())
-        with timeline.busy(step, "train") if context.trainer else nullcontext():
-            stats = train_step(context, samples, args)
-            publish_weights(context.trainer, storage, version=step + 1)
-        shifts += timeline.apply(step, context, placement.start_roles())  # the rollout engines load the new version
+        samples, generation = rollout_and_judge(d, context, batch, rollout_engine, genrm, placement, step,
+                                                timeline, args)
+        shifts = generation.pop("shifts") + to_train(context, placement)
+        stats = train_step(context, samples, timeline, args)
+        shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples, shifts)
-        record.update(step_metrics(samples, stats, time.perf_counter() - start, parse_failures, args))
+        record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
-        record.update(timeline.close_step(step))
+        record.update(timeline.close_step())
         log_step(d, out, record, board)
         log_samples(d, out, step, samples)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
@@ -319,26 +321,36 @@ def main(argv=None):
     shutdown_distributed(d)
 
 
-def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, plan, step, timeline, args):
-    """The step's samples, scored, in (prompt, sample) order on every rank; the shifts and
-    migrations it took; the judge's first-try parse failures."""
-    queues = StepQueues(batch, rollout_engine, genrm, step=step, args=args) if d.rank == 0 else None
+def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args):
+    """Collective: the step's samples, scored, in (prompt, sample) order on every rank, and what the
+    step's rollout and judging took (shifts, migrations, rounds, the judge's first-try parse failures)."""
+    queues = StepQueues(batch, rollout_engine, genrm, step=step, args=args,
+                        round_steps=args.round_steps) if d.rank == 0 else None
     start = time.perf_counter()
-    with progress(d, len(batch) * args.group_size, f"step {step} rollout+judge") as bar:
-        samples, shifts, resume_s = generate(d, context, queues, plan, capacity=args.max_seqs,
-                                             seed=args.seed if args.force_shifts is None else args.force_shifts,
-                                             step=step, timeline=timeline, progress=bar)
+    samples, shifts, resume_s = generate(d, context, queues, placement.plan, capacity=args.max_seqs,
+                                         seed=args.seed if args.force_shifts is None else args.force_shifts,
+                                         step=step, timeline=timeline)
+    seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
     counts = [(queues.parse_failures, queues.migrated, queues.engine_metrics()) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    return samples, {"shifts": shifts, "migrated_sequences": counts[0][1],
+    failures, migrated, engines = counts[0]
+    # What every rank waited for beyond the busiest rank's engine steps, the plan and the shifts: the
+    # rounds' exchange with rank 0.
+    exchange = seconds - engines["rounds_engine_s"] - engines["plan_s"] - engines["rollout_judge_shift_s"]
+    return samples, {"shifts": shifts, "migrated_sequences": migrated,
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
-                     "migration_prefill_s": resume.item(), "rollout_judge_s": time.perf_counter() - start,
-                     **counts[0][2]}, counts[0][0]
+                     "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
+                     "genrm_parse_failures": failures, **engines}
 
 
-def train_step(context, samples: list[Sample], args) -> dict:
+def to_train(context: RoleContext, placement: Placement) -> list[dict]:
+    """Collective: the ranks that make this step's update take the train role; returns the shifts."""
+    return context.apply(placement.train_roles())
+
+
+def train_step(context: RoleContext, samples: list[Sample], timeline: Timeline, args) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics."""
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
@@ -346,16 +358,19 @@ def train_step(context, samples: list[Sample], args) -> dict:
     per = -(-len(samples) // args.minibatches)
     stats = None
     if context.trainer is not None:
-        stats = context.trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
+        with timeline.busy("train"):
+            stats = context.trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
     return next(s for s in everyone if s is not None)
 
 
-def publish_weights(trainer: PolicyTrainer | None, storage: ParameterStorage, version: int):
-    """Collective: the train ranks write their rows of the new weights into every node's storage; the
-    rollout engines load them when their ranks next take the rollout role."""
-    storage.publish_shards([] if trainer is None else trainer.weight_rows(), version)
+def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement,
+                       version: int) -> list[dict]:
+    """Collective: the train ranks write their rows of the new weights into every node's storage; then
+    every rank takes its role for the next step, and the rollout engines load the new version."""
+    storage.publish_shards([] if context.trainer is None else context.trainer.weight_rows(), version)
+    return context.apply(placement.start_roles())
 
 
 def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
@@ -365,8 +380,7 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
     held = list(context.roles)
     context.apply(["rollout"] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
-    with progress(d, len(mine), f"step {step} eval") as bar:
-        responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens, bar)
+    responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
@@ -394,7 +408,7 @@ def final_answer(response: str, marker: str) -> str | None:
     return response.rsplit(marker, 1)[1].strip() if marker in response else None
 
 
-def step_metrics(samples: list[Sample], stats: dict, seconds: float, parse_failures: int, args) -> dict:
+def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
     agree = sum(not s.parse_failed and (s.reward == 1.0) == (final_answer(s.response, args.answer_marker)
@@ -402,146 +416,9 @@ def step_metrics(samples: list[Sample], stats: dict, seconds: float, parse_failu
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
             "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,
             "samples_per_s": len(samples) / seconds, "tokens_per_s": response_tokens / seconds,
-            "genrm_parse_failures": parse_failures,
             "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
             "genrm_agreement_train": agree / len(checked) if checked else None,
             "shifts": [], **stats}
-
-
-class Placement:
-    """Where each role runs: the roles a step starts with, the plan while it rolls out and judges, and
-    the ranks that train at its end. --force-shifts replaces the plan by a seeded random one."""
-
-    def __init__(self, args, world_size: int):
-        self.args, self.world_size = args, world_size
-        self.split = parse_split(args.split, world_size) if args.placement == "disaggregated" else None
-        self.planner = None
-        if args.placement == "pivot":
-            # Priors only: the planner refits engine speeds every tick and shift costs every step.
-            engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
-            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=1e4),
-                                       {(a, b): 0.01 for a in ROLES for b in ROLES if a != b},
-                                       LengthEstimate([], args.max_response_tokens),
-                                       LengthEstimate([], args.max_critique_tokens),
-                                       PlannerConfig(min_train_ranks=1))
-
-    def start_roles(self) -> list[str]:
-        return list(self.split) if self.split else ["rollout"] * self.world_size
-
-    def train_roles(self) -> list[str]:
-        """Disaggregated keeps its split (its train ranks train, the others wait); colocated and pivot
-        train on every rank, since nothing else is left to do in a synchronous step."""
-        return list(self.split) if self.split else ["train"] * self.world_size
-
-    def plan(self, roles: list[str], queues, rng) -> list[str]:
-        if self.args.force_shifts is not None:
-            return forced_plan(roles, queues, rng, self.args.force_shift_rate)
-        if self.planner is not None:
-            return self.planner(roles, queues, rng)
-        return roles if self.split else colocated_plan(roles, queues, rng)
-
-    def state(self) -> dict | None:
-        return self.planner.state() if self.planner else None
-
-    def load_state(self, state: dict | None) -> None:
-        if self.planner is not None and state is not None:
-            self.planner.load_state(state)
-
-    def learn(self, samples: list[Sample], shifts: list[dict]) -> None:
-        """The pivot planner's view of the next step: this step's lengths and measured shift costs."""
-        if self.planner is None:
-            return
-        self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
-        self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
-        for shift in shifts:
-            key = (shift["from"], shift["to"])
-            if key in self.planner.costs:
-                self.planner.costs[key] = 0.5 * self.planner.costs[key] + 0.5 * shift["seconds"]
-
-
-TIMELINE_COLOURS = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green", "shift": "black"}
-
-
-class Timeline:
-    """Which rank held which role when; rank 0 writes it to timeline.jsonl and draws timeline.png."""
-
-    def __init__(self, d: Dist, out: Path):
-        self.d, self.out, self.t0, self.spans = d, out, time.perf_counter(), []
-
-    @contextmanager
-    def busy(self, step: int, role: str):
-        """Marks this rank busy in `role`; back-to-back periods in one role merge into one span."""
-        start = time.perf_counter() - self.t0
-        yield
-        end = time.perf_counter() - self.t0
-        last = self.spans[-1] if self.spans else None
-        if last and last["step"] == step and last["role"] == role and start - last["end"] < 0.05:
-            last["end"] = end
-        else:
-            self.spans.append({"step": step, "rank": self.d.rank, "role": role, "start": start, "end": end})
-
-    def apply(self, step: int, context, roles: list[str]) -> list[dict]:
-        """context.apply(roles), with this rank's shift in it (if it moves or reloads) kept as a span of
-        role "shift"; returns the shift records."""
-        start = time.perf_counter() - self.t0
-        records = context.apply(roles)
-        for r in records:
-            if r["rank"] == self.d.rank:
-                self.spans.append({"step": step, "rank": self.d.rank, "role": "shift", "from": r["from"],
-                                   "to": r["to"], "start": start, "end": start + r["seconds"]})
-        return records
-
-    def close_step(self, step: int) -> dict:
-        """Gathers the step's spans; returns each role's busy seconds summed over ranks."""
-        shards = [None] * self.d.world_size
-        dist.all_gather_object(shards, [s for s in self.spans if s["step"] == step], group=self.d.control)
-        self.spans = [s for s in self.spans if s["step"] != step]
-        spans = [s for shard in shards for s in shard]
-        busy = {role: 0.0 for role in ("rollout", "genrm", "train")}
-        for s in spans:
-            if s["role"] in busy:
-                busy[s["role"]] += s["end"] - s["start"]
-        if self.d.rank == 0:
-            with open(self.out / "timeline.jsonl", "a") as f:
-                f.writelines(json.dumps(s) + "\n" for s in spans)
-        return {"busy_s": busy}
-
-    def draw(self) -> None:
-        """timeline.png, the whole run; timeline_step.png, the step with the most shifts, each shift
-        labelled with the roles it went between."""
-        if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
-            return
-        spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
-        self._draw("timeline.png", spans, "the run", since="the run", origin=0.0)
-        shifts = Counter(s["step"] for s in spans if s["role"] == "shift")
-        if shifts:
-            step = max(shifts, key=lambda k: (shifts[k], k))
-            shown = [s for s in spans if s["step"] == step]
-            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, g genrm, t train)",
-                       since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
-
-    def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,
-              label_shifts: bool = False) -> None:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
-        for s in spans:
-            shift = s["role"] == "shift"
-            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"] - origin, color=TIMELINE_COLOURS[s["role"]],
-                    hatch="//" if shift else None)
-            if shift and label_shifts:
-                ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
-                            fontsize=7, ha="left", va="bottom")
-        ax.set_title(title)
-        ax.set_xlabel(f"seconds since the start of {since}")
-        ax.set_ylabel("rank")
-        ax.set_yticks(range(self.d.world_size))
-        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLOURS.values()],
-                  labels=list(TIMELINE_COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.tight_layout()
-        fig.savefig(self.out / name, dpi=100)
-        plt.close(fig)
 
 
 def forget_after(out: Path, start: int) -> None:
@@ -610,16 +487,7 @@ def log_step(d: Dist, out: Path, record: dict, board) -> None:
                   f"{record['step_time_s']:.1f}s (" + " ".join(f"{k} {v:.1f}" for k, v in busy.items()) + ")"]
     if "eval_accuracy" in record:
         parts += [f"eval {record['eval_accuracy']:.3f}", f"judge agreement {record['genrm_agreement']:.3f}"]
-    tqdm.write(" | ".join(parts))
-
-
-@contextmanager
-def progress(d: Dist, total: int, desc: str):
-    bar = tqdm(total=total, desc=desc, leave=False, disable=d.rank != 0)
-    try:
-        yield bar
-    finally:
-        bar.close()
+    print(" | ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

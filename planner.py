@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-ROLES = ("rollout", "genrm", "train")
+from roles import ROLES
 
 
 @dataclass(frozen=True)
@@ -333,17 +333,15 @@ def parse_split(text: str, world_size: int) -> list[str]:
 
 class LoopPlanner:
     """The training loop's plan function, plan(roles, queues, rng) -> roles, over `plan`. It keeps what
-    the planner needs across ticks: a fit of each engine's step time, measured by the ranks, and each
-    rank's seconds since its last shift, counted in the ticks' engine-step seconds (no clock here).
+    the planner needs across rounds: a fit of each engine's step time, measured by the ranks, and each
+    rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here).
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["genrm"]` (Requests:
     prompt_ids, generated, max_tokens), `batch`, `expected`, `samples` (finished responses), `judged`,
-    and two things StepQueues and Report do not hold yet:
-      StepQueues.reports          the last tick's Report of every rank, in rank order (ingest has them)
-      Report.generated            list[int]: tokens each of the rank's in-flight requests has generated
-      Report.in_flight_tokens     int: prompt + generated tokens of those requests
-      Report.step_seconds         float: seconds of the rank's last engine step (0.0 if it did not step)
-      Report.step_batch           int: sequences in that engine step
+    `round_s` (the last round's seconds) and `reports`, the last round's Report of every rank, in rank
+    order, of which it reads `generated` (tokens each in-flight request has generated),
+    `in_flight_tokens` (prompt + generated tokens of those requests) and `steps` (the round's engine
+    steps as (sequences, seconds, prefill tokens)).
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
@@ -358,11 +356,11 @@ class LoopPlanner:
         reports = queues.reports
         if self.since is None:
             self.since = [math.inf] * len(roles)
-        tick = max(r.step_seconds for r in reports)
-        self.since = [s + tick for s in self.since]
+        self.since = [s + queues.round_s for s in self.since]
         for r in reports:
-            if r.role in self.fits and r.step_batch:
-                self.fits[r.role].observe(r.step_batch, r.step_seconds)
+            for batch, seconds, prefill in r.steps:
+                if r.role in self.fits and not prefill:  # decode steps: prefill has its own rate
+                    self.fits[r.role].observe(batch, seconds)
         ranks = [Rank(role, rep.in_flight_tokens, since) for role, rep, since in zip(roles, reports, self.since)]
         moves = plan(ranks, self.work(queues), self.measured_speeds(), self.costs, self.config)
         for move in moves:

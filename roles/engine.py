@@ -7,7 +7,7 @@ far and its sampler's random state; `add` of such a request resumes it on any en
 prompt + generated as the prompt and the remaining token budget, and samples exactly the tokens the
 original engine would have.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from vllm import LLM, SamplingParams
@@ -16,16 +16,24 @@ from vllm.sampling_params import RequestOutputKind
 
 @dataclass
 class Request:
-    id: str
+    role: str  # the engine role that serves it: "rollout" or "genrm"
+    key: tuple[int, int]  # (prompt index, sample index) within the step
     prompt_ids: list[int]
     max_tokens: int
     temperature: float
     seed: int | None = None
+    retry: bool = False  # the judge's second try at a sample whose verdict it could not read
+    ignore_eos: bool = False  # generate exactly max_tokens (a throughput workload's fixed lengths)
     # A migrated request carries what it generated elsewhere and its sampler's random state.
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     rng_state: torch.Tensor | None = None
     prefill_tokens: int = 0  # tokens prefilled again because the request migrated
+
+    @property
+    def id(self) -> str:
+        """The engine's request id, unique within a step."""
+        return f"{self.role}/{self.key[0]}/{self.key[1]}" + ("/retry" if self.retry else "")
 
 
 @dataclass
@@ -107,7 +115,7 @@ class Engine:
             self.completions[req.id] = Completion(list(req.generated), list(req.logprobs),
                                                   prefill_tokens=req.prefill_tokens)
             params = SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens - len(req.generated),
-                                    seed=req.seed, logprobs=0, detokenize=False,
+                                    seed=req.seed, logprobs=0, detokenize=False, ignore_eos=req.ignore_eos,
                                     output_kind=RequestOutputKind.DELTA)
             if req.rng_state is not None:
                 self.llm.collective_rpc(_expect_rng_state, args=(req.id, req.rng_state))
@@ -144,23 +152,18 @@ class Engine:
         exported = []
         for rid, req in self.requests.items():
             done = self.completions[rid]
-            exported.append(Request(rid, req.prompt_ids, req.max_tokens, req.temperature, req.seed,
-                                    generated=done.token_ids, logprobs=done.logprobs,
-                                    rng_state=states.get(rid),
+            exported.append(replace(req, generated=done.token_ids, logprobs=done.logprobs, rng_state=states.get(rid),
                                     prefill_tokens=done.prefill_tokens + len(req.prompt_ids) + len(done.token_ids)))
         self.vllm.abort_request(list(self.requests))
         self.requests, self.completions = {}, {}
         return exported
 
-    def run(self, requests: list[Request], progress=None) -> dict[str, Completion]:
-        """Generates every request to completion; `progress.update(1)` is called per finished one."""
+    def run(self, requests: list[Request]) -> dict[str, Completion]:
+        """Generates every request to completion."""
         self.add(requests)
         done = {}
         while self.requests:
-            for req, completion in self.step():
-                done[req.id] = completion
-                if progress is not None:
-                    progress.update(1)
+            done.update((req.id, completion) for req, completion in self.step())
         return done
 
     def close(self) -> None:

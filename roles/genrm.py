@@ -69,10 +69,10 @@ class GenRM:
         """The judge's request for a sample: greedy, or sampled with its own seed on a retry."""
         text = fill_template(self.template, sample.prompt, sample.response, sample.reference, sample.rubric)
         ids = encode_prompt(self.tokenizer, text)
-        rid = f"j/{sample.prompt_index}/{sample.sample_index}"
         if not retry:
-            return Request(rid, ids, self.max_tokens, 0.0)
-        return Request(rid + "/retry", ids, self.max_tokens, 1.0, sample_seed(self.seed, step, *sample.key))
+            return Request("genrm", sample.key, ids, self.max_tokens, 0.0)
+        return Request("genrm", sample.key, ids, self.max_tokens, 1.0, sample_seed(self.seed, step, *sample.key),
+                       retry=True)
 
     def score(self, sample, request: Request, done: Completion) -> bool:
         """Sets the sample's critique and reward; False when the final line is unreadable and the rule
@@ -85,12 +85,12 @@ class GenRM:
             line = "verdict line" if self.judge_kind == "verdict" else "score: N line (1-10)"
             raise ParseFailure(f"the judge's output has no readable {line} (--on-parse-failure stop): "
                                f"{sample.critique!r}; choose 'fail' or 'retry' to go on past such outputs")
-        return not (reward is None and self.on_parse_failure == "retry" and not request.id.endswith("/retry"))
+        return not (reward is None and self.on_parse_failure == "retry" and not request.retry)
 
-    def judge(self, samples, step: int, progress=None) -> int:
+    def judge(self, samples, step: int) -> int:
         """Judges samples here, to completion (evaluation); returns the first-try parse failures."""
         requests = [self.request(s, step) for s in samples]
-        done = self.engine.run(requests, progress)
+        done = self.engine.run(requests)
         again = [s for s, r in zip(samples, requests) if not self.score(s, r, done[r.id])]
         failures = sum(s.parse_failed for s in samples)
         if again:

@@ -37,12 +37,6 @@ def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> i
     return int(np.random.SeedSequence([seed, step, prompt_index, sample_index]).generate_state(1)[0])
 
 
-def request_key(request_id: str) -> tuple[int, int]:
-    """(prompt index, sample index) of a rollout ("r/P/G") or judge ("j/P/G[/retry]") request."""
-    parts = request_id.split("/")
-    return int(parts[1]), int(parts[2])
-
-
 class RolloutEngine:
     def __init__(self, policy_dir: str, tokenizer, *, seed: int, max_model_len: int, kv_cache_bytes: int):
         self.tokenizer = tokenizer
@@ -52,17 +46,16 @@ class RolloutEngine:
     def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
                  max_tokens: int) -> list[Request]:
         """One request per sample of the step, in (prompt, sample) order."""
-        return [Request(f"r/{i}/{g}", record["prompt_ids"], max_tokens, temperature, sample_seed(seed, step, i, g))
+        return [Request("rollout", (i, g), record["prompt_ids"], max_tokens, temperature, sample_seed(seed, step, i, g))
                 for i, record in enumerate(batch) for g in range(group_size)]
 
     def to_sample(self, request: Request, done: Completion, record: dict) -> Sample:
-        p, g = request_key(request.id)
-        return Sample(p, g, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,
+        return Sample(*request.key, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,
                       response=self.tokenizer.decode(done.token_ids, skip_special_tokens=True),
                       reference=record.get("reference"), prompt=record["prompt"], rubric=record.get("rubric"),
                       prefill_tokens=done.prefill_tokens)
 
-    def greedy(self, prompt_ids: list[list[int]], max_tokens: int, progress=None) -> list[str]:
-        requests = [Request(f"greedy/{i}", ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]
-        done = self.engine.run(requests, progress)
+    def greedy(self, prompt_ids: list[list[int]], max_tokens: int) -> list[str]:
+        requests = [Request("rollout", (i, 0), ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]
+        done = self.engine.run(requests)
         return [self.tokenizer.decode(done[r.id].token_ids, skip_special_tokens=True) for r in requests]

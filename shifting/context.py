@@ -35,23 +35,24 @@ import torch
 import torch.distributed as dist
 
 import faults
+from roles import ROLES
 from runtime import Dist
 
-ROLES = ("rollout", "genrm", "train")
 STAGES = ("drain", "offload", "onload", "ready")
 
 
 class RoleContext:
     """This rank's role and what it holds for it: the two engines (kept, see above) and, while it
-    trains, the trainer. `make_trainer(group)` builds a trainer from the training state in storage."""
+    trains, the trainer. `make_trainer(group)` builds a trainer from the training state in storage.
+    `observer.shifted(record, start)`, if given, hears of each shift this rank makes (timeline.py)."""
 
     def __init__(self, d: Dist, roles: list[str], *, policy, genrm, train_state, rollout_engine,
-                 genrm_engine, make_trainer):
+                 genrm_engine, make_trainer, observer=None):
         assert len(roles) == d.world_size and set(roles) <= set(ROLES), roles
         self.d, self.roles = d, list(roles)
         self.storage = {"rollout": policy, "genrm": genrm}
         self.engines = {"rollout": rollout_engine, "genrm": genrm_engine}
-        self.train_state, self.make_trainer = train_state, make_trainer
+        self.train_state, self.make_trainer, self.observer = train_state, make_trainer, observer
         self.groups, self.rng = {}, {}
         self.loaded = {"rollout": None, "genrm": None}  # the version each engine holds (None: from disk)
         self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
@@ -73,6 +74,7 @@ class RoleContext:
         # An engine that keeps its role still loads a newer published version (disaggregated rollout).
         refresh = not moving and new in self.engines and self._stale(new)
         seconds, moved = {}, 0
+        start = self.observer.now() if self.observer else 0.0
         with stage(seconds, "drain"):
             if moving and old != "train":
                 self.engines[old].drain()
@@ -96,6 +98,8 @@ class RoleContext:
         if moving or refresh:
             record = {"rank": self.d.rank, "from": old, "to": new, "seconds": sum(seconds.values()),
                       **seconds, "bytes": moved}
+            if self.observer:
+                self.observer.shifted(record, start)
         records = [None] * self.d.world_size
         dist.all_gather_object(records, record, group=self.d.control)
         return [r for r in records if r is not None]

@@ -1,18 +1,26 @@
-"""Shift-aware scheduler: one step's work queues, kept on rank 0, and the tick loop every rank runs.
+"""Shift-aware scheduler: one step's work queues, kept on rank 0, and the loop every rank runs.
 
 A step's work is one rollout request per sample (P x G) and, as each response finishes, one judge
-request for it. Every rank runs the same loop of ticks: it steps the engine of the role it holds
-once, then all ranks report to rank 0 (requests finished, requests exported by a shift, requests in
-flight) and rank 0 answers each with its orders: the role to hold next and new requests for it. A
-rank told to change role first exports its in-flight requests; they go back to the head of their
-queue and resume on another rank with prompt + generated as the prompt and their sampler's state,
-so a migrated sequence comes out token for token as it would have without the move.
+request for it. Ranks work in rounds. At the start of a round rank 0 hands every rank its orders:
+every rank's role from now on, new requests for its engine, and how long to work before reporting
+back. Each rank then steps the engine of its role on its own, at its own pace, until its round ends;
+then all ranks report to rank 0 (requests finished, requests exported by a shift, requests in flight,
+the engine steps they took) and rank 0 decides the next round. A rank told to change role first
+exports its in-flight requests; they go back to the head of their queue and resume on another rank
+with prompt + generated as the prompt and their sampler's state, so a migrated sequence comes out
+token for token as it would have without the move.
 
-Ticks are lockstep collectives, so what is dispatched where and when depends on the seed and the
-plan, never on timing. Invariant (tested): every prompt yields exactly G responses, each judged
-exactly once, with no generated token lost or repeated.
+How long a round lasts is the plan's to say (`Rounds`): a placement that cannot change anything
+before every engine has run empty (colocated, with nothing queued) works until then and reports once;
+a planner that may move ranks at any time reports every `round_steps` engine steps' worth of time, so
+the exchange with rank 0 costs a small part of the engines' time however fast their steps are (a GPU
+decode step or a CPU one); `--force-shifts` reports after every engine step, so its seeded schedule of
+moves is the same from run to run. What each sample is does not depend on any of this: every request
+carries its own seed and migrates with its sampler's state. Invariant (tested): every prompt yields
+exactly G responses, each judged exactly once, with no generated token lost or repeated.
 """
 import random
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,30 +28,44 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 import faults
+from roles import ENGINE_ROLES, ROLES
 from roles.engine import Completion, Request
 from roles.genrm import GenRM
-from roles.rollout import RolloutEngine, Sample, request_key
+from roles.rollout import RolloutEngine, Sample
 
-ROLES = ("rollout", "genrm", "train")
+
+@dataclass(frozen=True)
+class Rounds:
+    """How long every rank works before its next report: at most `steps` engine steps and at most
+    `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once."""
+    steps: int | None = None
+    seconds: float | None = None
 
 
 @dataclass
 class Report:
     role: str
-    in_flight: int = 0
     finished: list[tuple[Request, Completion]] = field(default_factory=list)
     exported: list[Request] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)  # tokens so far of each request in flight
     in_flight_tokens: int = 0  # their prompt + generated tokens
-    step_seconds: float = 0.0  # the rank's last engine step, and its batch
-    step_batch: int = 0
-    step_prefill: int = 0  # prompt (+ resumed) tokens of the requests that step took in
+    # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
+    steps: list[tuple[int, float, int]] = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.generated)
+
+    @property
+    def engine_s(self) -> float:
+        return sum(seconds for _, seconds, _ in self.steps)
 
 
 @dataclass
 class Orders:
     roles: list[str]  # every rank's role from now on (the same on every rank)
     work: list[Request] = field(default_factory=list)  # new requests for this rank
+    rounds: Rounds = Rounds()
     done: bool = False
     error: str | None = None
 
@@ -51,7 +73,8 @@ class Orders:
 class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged."""
 
-    def __init__(self, batch: list[dict], rollout: RolloutEngine, genrm: GenRM, *, step: int, args):
+    def __init__(self, batch: list[dict], rollout: RolloutEngine, genrm: GenRM, *, step: int, args,
+                 round_steps: int = 1):
         self.batch, self.rollout, self.genrm, self.step = batch, rollout, genrm, step
         self.queue = {"rollout": deque(RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
@@ -59,52 +82,58 @@ class StepQueues:
         self.expected = len(self.queue["rollout"])
         self.samples: dict[tuple[int, int], Sample] = {}
         self.judged: set[tuple[int, int]] = set()
-        self.in_flight = {"rollout": 0, "genrm": 0}
+        self.in_flight = dict.fromkeys(ENGINE_ROLES, 0)
         self.parse_failures = 0
         self.judge_runs = 0  # judge requests completed, retries excluded
         self.migrated = 0  # sequences exported by a shift and queued again
-        self.reports: list[Report] = []  # the last tick's, in rank order
-        # Engine steps per role, keyed (ranks that stepped an engine in the same tick, batch, prefill or
+        self.reports: list[Report] = []  # the last round's, in rank order
+        # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
-        self.engine_steps = {"rollout": {}, "genrm": {}}
-        self.ticks, self.ticks_engine_s = 0, 0.0  # lockstep ticks, and the slowest engine step of each summed
+        self.engine_steps = {role: {} for role in ENGINE_ROLES}
+        self.round_steps, self.step_seconds = round_steps, deque(maxlen=256)
+        self.rounds, self.rounds_engine_s = 0, 0.0  # rounds, and the busiest rank's engine seconds in each summed
+        self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.plan_s = 0.0  # rank 0's seconds in the plan function, which every rank waits for
         self.shift_s = 0.0  # seconds of the shifts made while rolling out and judging
 
-    def ingest(self, reports: list[Report]) -> None:
-        self.reports = reports
-        stepped = [r for r in reports if r.step_batch]
+    def ingest(self, reports: list[Report], round_s: float) -> None:
+        self.reports, self.round_s = reports, round_s
+        stepped = [r for r in reports if r.steps]
         if stepped:
-            self.ticks += 1
-            self.ticks_engine_s += max(r.step_seconds for r in stepped)
+            self.rounds += 1
+            self.rounds_engine_s += max(r.engine_s for r in stepped)
         for r in stepped:
-            key = (len(stepped), r.step_batch, r.step_prefill > 0)
-            row = self.engine_steps[r.role].setdefault(key, [0, 0.0, 0])
-            row[0], row[1], row[2] = row[0] + 1, row[1] + r.step_seconds, row[2] + r.step_prefill
+            for batch, seconds, prefill in r.steps:
+                row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
+                row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
+                self.step_seconds.append(seconds)
         for report in reports:
             self.migrated += len(report.exported)
             for request in report.exported:
                 # Migrated work goes first: it holds the oldest sequences of the step.
-                self.queue["rollout" if request.id.startswith("r/") else "genrm"].appendleft(request)
+                self.queue[request.role].appendleft(request)
             for request, done in report.finished:
-                key = request_key(request.id)
-                if request.id.startswith("r/"):
-                    assert key not in self.samples, f"sample {key} generated twice"
-                    sample = self.rollout.to_sample(request, done, self.batch[key[0]])
-                    self.samples[key] = sample
-                    self.queue["genrm"].append(self.genrm.request(sample, self.step))
-                else:
-                    assert key not in self.judged, f"sample {key} judged twice"
-                    sample = self.samples[key]
-                    if not request.id.endswith("/retry"):
-                        sample.prefill_tokens += done.prefill_tokens
-                        self.judge_runs += 1
-                    if self.genrm.score(sample, request, done):
-                        self.judged.add(key)
-                    else:
-                        self.queue["genrm"].append(self.genrm.request(sample, self.step, retry=True))
-                    self.parse_failures += sample.parse_failed and not request.id.endswith("/retry")
-        self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ("rollout", "genrm")}
+                self._finished(request, done)
+        self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
+
+    def _finished(self, request: Request, done: Completion) -> None:
+        key = request.key
+        if request.role == "rollout":
+            assert key not in self.samples, f"sample {key} generated twice"
+            sample = self.rollout.to_sample(request, done, self.batch[key[0]])
+            self.samples[key] = sample
+            self.queue["genrm"].append(self.genrm.request(sample, self.step))
+            return
+        assert key not in self.judged, f"sample {key} judged twice"
+        sample = self.samples[key]
+        if not request.retry:
+            sample.prefill_tokens += done.prefill_tokens
+            self.judge_runs += 1
+        if self.genrm.score(sample, request, done):
+            self.judged.add(key)
+        else:
+            self.queue["genrm"].append(self.genrm.request(sample, self.step, retry=True))
+        self.parse_failures += sample.parse_failed and not request.retry
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -117,10 +146,15 @@ class StepQueues:
     def done(self) -> bool:
         return len(self.judged) == self.expected
 
+    def timed_round(self) -> Rounds:
+        """A round of `round_steps` engine steps' worth of time, at the median step seen so far."""
+        step_s = statistics.median(self.step_seconds) if self.step_seconds else 0.002
+        return Rounds(seconds=self.round_steps * step_s)
+
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, up to each engine's capacity."""
         work = [[] for _ in roles]
-        for role in ("rollout", "genrm"):
+        for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
             for i, rank in enumerate(ranks):
                 fair = -(-len(self.queue[role]) // (len(ranks) - i))
@@ -136,45 +170,46 @@ class StepQueues:
         prefill tokens], decode-only steps (prefill 0) apart from those that also prefilled."""
         rows = {role: [[busy, batch, n, round(s, 6), tokens] for (busy, batch, _), (n, s, tokens)
                        in sorted(table.items())] for role, table in self.engine_steps.items()}
-        return {"engine_steps": rows, "ticks": self.ticks, "ticks_engine_s": self.ticks_engine_s,
+        return {"engine_steps": rows, "rounds": self.rounds, "rounds_engine_s": self.rounds_engine_s,
                 "plan_s": self.plan_s, "rollout_judge_shift_s": self.shift_s}
 
 
-def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> list[str]:
-    """Every rank rolls out, then every rank judges, once no rollout is left anywhere."""
-    if queues.pending("rollout"):
-        return ["rollout"] * len(roles)
-    return ["genrm"] * len(roles)
+def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> tuple[list[str], Rounds]:
+    """Every rank rolls out, then every rank judges, once no rollout is left anywhere. With nothing
+    queued, nothing can change before every engine has run empty: ranks report once, then."""
+    role = "rollout" if queues.pending("rollout") else "genrm"
+    return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
 
-def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> list[str]:
+def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> tuple[list[str], Rounds]:
     """--force-shifts: with probability `rate` a random rank moves to a random other role; then any
-    role left with queued work and no rank takes one, so the step always finishes."""
+    role left with queued work and no rank takes one, so the step always finishes. Ranks report after
+    every engine step, so the schedule depends on the seed alone."""
     roles = list(roles)
     if rng.random() < rate:
         rank = rng.randrange(len(roles))
         roles[rank] = rng.choice([r for r in ROLES if r != roles[rank]])
-    for role in ("rollout", "genrm"):
+    for role in ENGINE_ROLES:
         if queues.queue[role] and role not in roles:
             # The rank whose role has least left to do gives way.
             spare = [r for r, held in enumerate(roles) if held == "train" or not queues.pending(held)]
             roles[rng.choice(spare) if spare else rng.randrange(len(roles))] = role
-    return roles
+    return roles, Rounds(steps=1)
 
 
 def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed: int, step: int,
-             timeline, progress=None) -> tuple[list[Sample], list[dict], float]:
+             timeline) -> tuple[list[Sample], list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
-    shift. Returns the step's samples in (prompt, sample) order on every rank, the shifts (the same
-    list on every rank), and the seconds this rank spent prefilling migrated sequences again."""
+    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `timeline.busy(role)`
+    marks engine work. Returns the step's samples in (prompt, sample) order on every rank, the shifts
+    (the same list on every rank), and the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
-    report, shifts = Report(role=context.role), []
-    plain_ticks, resumed_ticks = [], []  # engine-step seconds, without and with resumed prefills
+    report, shifts, since = Report(role=context.role), [], time.perf_counter()
+    plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
     while True:
-        orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity)
-        if progress is not None and queues is not None:
-            progress.update(len(queues.judged) - progress.n)
+        orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity, time.perf_counter() - since)
+        since = time.perf_counter()
         if orders.error:
             raise SystemExit(orders.error)
         if orders.done:
@@ -185,66 +220,71 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
             if orders.roles[d.rank] != context.role and engine is not None:
                 exported = engine.export()
             start = time.perf_counter()
-            shifts += timeline.apply(step, context, orders.roles)
+            shifts += context.apply(orders.roles)
             if queues is not None:  # collective: every rank waits for the slowest shift
                 queues.shift_s += time.perf_counter() - start
         engine = context.engines.get(context.role)
-        if engine is not None and orders.work:
-            engine.add(orders.work)
-        finished, seconds, batch = [], 0.0, 0
-        prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)
-        if engine is not None and engine.in_flight():
-            start, batch = time.perf_counter(), engine.in_flight()
-            with timeline.busy(step, context.role):
-                finished = engine.step()
-            faults.point(context.role, d.rank)
-            seconds = time.perf_counter() - start
-            resumed = any(r.generated for r in orders.work)
-            (resumed_ticks if resumed else plain_ticks).append(seconds)
-        report = Report(context.role, finished=finished, exported=exported, step_seconds=seconds, step_batch=batch,
-                        step_prefill=prefill if batch else 0)
+        report = Report(context.role, exported=exported)
         if engine is not None:
-            report.in_flight, report.generated = engine.in_flight(), engine.generated()
-            report.in_flight_tokens = engine.in_flight_tokens()
-    samples = [None]
-    if d.rank == 0:
-        samples = [queues.ordered_samples()]
+            engine.add(orders.work)
+            report.finished, report.steps = _work(engine, orders, context.role, d.rank, timeline)
+            (resumed if any(r.generated for r in orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
+            report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
+    samples = [queues.ordered_samples() if d.rank == 0 else None]
     dist.broadcast_object_list(samples, src=0, group=d.control)
-    return samples[0], shifts, _extra_seconds(resumed_ticks, plain_ticks)
+    return samples[0], shifts, _extra_seconds(resumed, plain)
 
 
-def _extra_seconds(resumed_ticks: list[float], plain_ticks: list[float]) -> float:
+def _work(engine, orders: Orders, role: str, rank: int, timeline) -> tuple[list, list[tuple[int, float, int]]]:
+    """Steps `engine` until the round ends or it runs empty; returns what finished and the steps taken."""
+    finished, steps = [], []
+    prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
+    limit, start = orders.rounds, time.perf_counter()
+    while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps) and \
+            (limit.seconds is None or time.perf_counter() - start < limit.seconds):
+        begin, batch = time.perf_counter(), engine.in_flight()
+        with timeline.busy(role):
+            finished += engine.step()
+        faults.point(role, rank)
+        steps.append((batch, time.perf_counter() - begin, prefill))
+        prefill = 0
+    return finished, steps
+
+
+def _extra_seconds(resumed_steps: list[float], plain_steps: list[float]) -> float:
     """What resuming migrated sequences cost this rank: the time of the engine steps that prefilled
-    them beyond a typical step without such prefills."""
-    if not resumed_ticks or not plain_ticks:
+    them beyond a typical first step of a round without such prefills."""
+    if not resumed_steps or not plain_steps:
         return 0.0
-    typical = sorted(plain_ticks)[len(plain_ticks) // 2]
-    return sum(max(0.0, t - typical) for t in resumed_ticks)
+    typical = sorted(plain_steps)[len(plain_steps) // 2]
+    return sum(max(0.0, t - typical) for t in resumed_steps)
 
 
-def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[str], rng, capacity) -> Orders:
+def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[str], rng, capacity,
+              round_s: float) -> Orders:
     """All ranks' reports to rank 0; its orders back to each rank."""
     reports = [None] * d.world_size if d.rank == 0 else None
     dist.gather_object(report, reports, dst=0, group=d.control)
     orders = [None] * d.world_size
     if d.rank == 0:
-        orders = _decide(reports, queues, plan, roles, rng, capacity)
+        orders = _decide(reports, queues, plan, roles, rng, capacity, round_s)
     mine = [None]
     dist.scatter_object_list(mine, orders if d.rank == 0 else None, src=0, group=d.control)
     return mine[0]
 
 
-def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity) -> list[Orders]:
+def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, round_s: float) -> list[Orders]:
     try:
-        queues.ingest(reports)
+        queues.ingest(reports, round_s)
     except Exception as e:  # a judge output under --on-parse-failure stop, or a broken invariant
         return [Orders(roles, error=f"step {queues.step}: {e}") for _ in roles]
     if queues.done():
         return [Orders(roles, done=True) for _ in roles]
     start = time.perf_counter()
-    new = plan(roles, queues, rng)
+    new, rounds = plan(roles, queues, rng)
     queues.plan_s += time.perf_counter() - start
-    # A rank that changes role exports its in-flight requests this tick and takes new work next tick.
-    in_flight = [rep.in_flight if rep.role == new[r] else capacity for r, rep in enumerate(reports)]
+    # A rank that changes role exports its in-flight requests before it takes new work: the engine of its
+    # new role holds none (it exported them when it last left that role).
+    in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)
-    return [Orders(new, work=work[r]) for r in range(len(new))]
+    return [Orders(new, work=work[r], rounds=rounds) for r in range(len(new))]

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner import ROLES, EngineSpeed, LinearFit, Speeds
+from planner import EngineSpeed, LinearFit, Speeds
+from roles import ROLES
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 TEXT_KEYS = {"about", "policy", "genrm"}

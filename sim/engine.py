@@ -28,10 +28,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 import planner
+from roles import ENGINE_ROLES, ROLES
 from sim.calibration import CostModel, Workload
-
-ENGINE_ROLES = ("rollout", "genrm")
-ROLES = ENGINE_ROLES + ("train",)
 
 
 @dataclass

@@ -203,11 +203,11 @@ def test_parse_split():
 def test_loop_adapter_reads_step_queues():
     report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
         role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
-        step_seconds=seconds, step_batch=len(generated))
+        steps=[(len(generated), seconds, 0)] if generated else [])
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         batch=[{"prompt_ids": [0] * 10}] * 2, expected=4, judged=set(), samples={},
-        queue={"rollout": [], "genrm": [request(50)] * 400},
+        queue={"rollout": [], "genrm": [request(50)] * 400}, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("genrm", [5, 9], 0.05)])
     adapter = LoopPlanner(SPEEDS, costs(0.01), LengthEstimate([20, 40, 64], 64), LengthEstimate([30], 96))

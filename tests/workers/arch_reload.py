@@ -30,7 +30,7 @@ for model_dir in model_dirs:
     batch = [{"prompt": p, "prompt_ids": encode_prompt(tok, p)} for p in prompts]
     requests = RolloutEngine.requests(batch, group_size=4, step=0, seed=0, temperature=1.0, max_tokens=12)
     done = engine.engine.run(requests)
-    samples = [engine.to_sample(r, done[r.id], batch[int(r.id.split("/")[1])]) for r in requests]
+    samples = [engine.to_sample(r, done[r.id], batch[r.key[0]]) for r in requests]
     for s in samples:  # half of each group above its mean, half below
         s.advantage = 1.0 if s.sample_index % 2 == 0 else -1.0
     trainer.train_step([samples])

@@ -15,8 +15,8 @@ prompts = ["12+34=", "999+1=", "5+5=", "1234+4321=", "70+8=", "4071+389="]
 
 
 def requests():
-    return [Request(f"{i}-{t}", tok(p).input_ids, 40, t, seed=1000 + i)
-            for i, p in enumerate(prompts) for t in (0.0, 1.0)]
+    return [Request("rollout", (i, g), tok(p).input_ids, 40, t, seed=1000 + i)
+            for i, p in enumerate(prompts) for g, t in enumerate((0.0, 1.0))]
 
 
 whole = engines[0].run(requests())

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoTokenizer
 
-from pivot_train import Timeline
 from roles.genrm import GenRM
 from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
@@ -18,6 +17,7 @@ from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
+from timeline import Timeline
 
 policy, genrm_dir, template_path, trials, out = sys.argv[1:6]
 template, trials = open(template_path).read(), int(trials)
@@ -30,10 +30,11 @@ hyper = dict(lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0
 state = TrainState(d, policy, keep_reference=False)
 policy_storage = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
 state.publish_weights(policy_storage, version=0)
+timeline = Timeline(d, Path(out))
 context = RoleContext(d, ["rollout"] * d.world_size, policy=policy_storage,
                       genrm=checkpoint_storage(d, "genrm", genrm_dir, torch.float32), train_state=state,
                       rollout_engine=rollout.engine, genrm_engine=genrm.engine,
-                      make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper))
+                      make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper), observer=timeline)
 prompts = [("347+85=", "432"), ("9999+1=", "10000"), ("5+5=", "10"), ("1234+4321=", "5555"), ("70+8=", "78")]
 batch = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r in prompts]
 args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_tokens=48)
@@ -42,7 +43,7 @@ args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_token
 def run(plan, capacity, seed):
     queues = StepQueues(batch, rollout, genrm, step=0, args=args) if d.rank == 0 else None
     samples, shifts, _ = generate(d, context, queues, plan, capacity=capacity, seed=seed, step=0,
-                                  timeline=Timeline(d, Path(out)))
+                                  timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
     context.apply(["rollout"] * d.world_size)  # the next trial starts where a step starts

@@ -56,9 +56,9 @@ def engine_serves(role: str, storage: ParameterStorage, model_dir: str) -> bool:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(dict(storage.named_tensors()), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    done = engines[role].run([Request(str(i), ids, 8, 0.0) for i, ids in enumerate(prompts)])
+    done = engines[role].run([Request("rollout", (i, 0), ids, 8, 0.0) for i, ids in enumerate(prompts)])
     with torch.no_grad():
-        return all(greedy_agrees(model, ids, done[str(i)].token_ids) for i, ids in enumerate(prompts))
+        return all(greedy_agrees(model, ids, done[f"rollout/{i}/0"].token_ids) for i, ids in enumerate(prompts))
 
 
 def same_state(a: PolicyTrainer, b: PolicyTrainer) -> bool:

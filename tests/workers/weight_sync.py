@@ -25,7 +25,7 @@ prompts = ["12+34=", "999+1=", "5+5=", "1234+4321=", "70+8="]
 batch = [{"prompt": p, "prompt_ids": tok(p).input_ids} for p in prompts]
 requests = RolloutEngine.requests(batch, group_size=4, step=0, seed=0, temperature=1.0, max_tokens=12)
 done = engine.engine.run(requests)
-samples = [engine.to_sample(r, done[r.id], batch[int(r.id.split("/")[1])]) for r in requests]
+samples = [engine.to_sample(r, done[r.id], batch[r.key[0]]) for r in requests]
 rewards = torch.tensor([float(len(s.response_ids) % 3 == 0) for s in samples]).view(len(prompts), 4)
 for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
     s.advantage = a
@@ -57,8 +57,8 @@ plain.load_state_dict(trained, strict=False)  # the tied head follows the embedd
 storage.publish(trainer.full_weights(), version=1)
 storage.load_into(engine.engine)
 ids = [tok(p).input_ids for p in prompts]
-vllm_greedy = engine.engine.run([Request(str(i), x, 16, 0.0) for i, x in enumerate(ids)])
-vllm_tokens = [vllm_greedy[str(i)].token_ids for i in range(len(ids))]
+vllm_greedy = engine.engine.run([Request("rollout", (i, 0), x, 16, 0.0) for i, x in enumerate(ids)])
+vllm_tokens = [vllm_greedy[f"rollout/{i}/0"].token_ids for i in range(len(ids))]
 hf_tokens = [plain.generate(torch.tensor([x]), max_new_tokens=16, do_sample=False)[0, len(x):].tolist()
              for x in ids]
 json.dump({"logprob_gap": logprob_gap, "grad_gap": grad_gap, "moved": moved,

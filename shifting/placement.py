@@ -1,0 +1,62 @@
+"""Where each role runs (`--placement`): the roles a step starts with, the plan while it rolls out and
+judges, and the ranks that train at its end. The algorithm is the same in every placement.
+
+  colocated      every rank rolls out, then every rank judges, then every rank trains
+  disaggregated  a fixed `--split` of ranks per role; responses stream to the judge ranks
+  pivot          the planner (planner.py) moves ranks between roles while the step runs
+`--force-shifts SEED` replaces any placement's plan by a seeded random one, to exercise migration.
+"""
+from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
+from roles import ROLES
+from shifting.scheduler import Rounds, colocated_plan, forced_plan
+
+
+class Placement:
+    def __init__(self, args, world_size: int):
+        self.args, self.world_size = args, world_size
+        self.split = parse_split(args.split, world_size) if args.placement == "disaggregated" else None
+        self.planner = None
+        if args.placement == "pivot":
+            # Priors only: the planner refits engine speeds every round and shift costs every step.
+            engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
+            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=1e4),
+                                       {(a, b): 0.01 for a in ROLES for b in ROLES if a != b},
+                                       LengthEstimate([], args.max_response_tokens),
+                                       LengthEstimate([], args.max_critique_tokens),
+                                       PlannerConfig(min_train_ranks=1))
+
+    def start_roles(self) -> list[str]:
+        return list(self.split) if self.split else ["rollout"] * self.world_size
+
+    def train_roles(self) -> list[str]:
+        """Disaggregated keeps its split (its train ranks train, the others wait); colocated and pivot
+        train on every rank, since nothing else is left to do in a synchronous step."""
+        return list(self.split) if self.split else ["train"] * self.world_size
+
+    def plan(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
+        """The roles from now on, and how long the ranks work before they next report."""
+        if self.args.force_shifts is not None:
+            return forced_plan(roles, queues, rng, self.args.force_shift_rate)
+        if self.planner is not None:
+            return self.planner(roles, queues, rng), queues.timed_round()
+        if self.split:
+            return roles, queues.timed_round()
+        return colocated_plan(roles, queues, rng)
+
+    def state(self) -> dict | None:
+        return self.planner.state() if self.planner else None
+
+    def load_state(self, state: dict | None) -> None:
+        if self.planner is not None and state is not None:
+            self.planner.load_state(state)
+
+    def learn(self, samples, shifts: list[dict]) -> None:
+        """The pivot planner's view of the next step: this step's lengths and measured shift costs."""
+        if self.planner is None:
+            return
+        self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
+        self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
+        for shift in shifts:
+            key = (shift["from"], shift["to"])
+            if key in self.planner.costs:
+                self.planner.costs[key] = 0.5 * self.planner.costs[key] + 0.5 * shift["seconds"]

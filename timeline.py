@@ -1,0 +1,96 @@
+"""Which rank held which role when, for the pictures of a run. The timeline only observes: the role
+context tells it of each shift this rank makes (`shifted`), the scheduler and the update mark the
+time this rank works in a role (`busy`). Rank 0 writes every rank's spans to timeline.jsonl and draws
+timeline.png (the run) and timeline_step.png (the step with the most shifts)."""
+import json
+import time
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch.distributed as dist
+
+from roles import ROLES
+from runtime import Dist
+
+COLOURS = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green", "shift": "black"}
+
+
+class Timeline:
+    def __init__(self, d: Dist, out: Path):
+        self.d, self.out, self.t0, self.spans, self.step = d, out, time.perf_counter(), [], 0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    @contextmanager
+    def busy(self, role: str):
+        """Marks this rank busy in `role`; back-to-back periods in one role merge into one span."""
+        start = self.now()
+        yield
+        end = self.now()
+        last = self.spans[-1] if self.spans else None
+        if last and last["step"] == self.step and last["role"] == role and start - last["end"] < 0.05:
+            last["end"] = end
+        else:
+            self.spans.append({"step": self.step, "rank": self.d.rank, "role": role, "start": start, "end": end})
+
+    def shifted(self, record: dict, start: float) -> None:
+        """This rank's shift (a record of `RoleContext.apply`), begun at `start` (`now()` then)."""
+        self.spans.append({"step": self.step, "rank": self.d.rank, "role": "shift", "from": record["from"],
+                           "to": record["to"], "start": start, "end": start + record["seconds"]})
+
+    def close_step(self) -> dict:
+        """Collective: gathers the step's spans; returns each role's busy seconds summed over ranks."""
+        shards = [None] * self.d.world_size
+        dist.all_gather_object(shards, [s for s in self.spans if s["step"] == self.step], group=self.d.control)
+        self.spans = [s for s in self.spans if s["step"] != self.step]
+        spans = [s for shard in shards for s in shard]
+        busy = dict.fromkeys(ROLES, 0.0)
+        for s in spans:
+            if s["role"] in busy:
+                busy[s["role"]] += s["end"] - s["start"]
+        if self.d.rank == 0:
+            with open(self.out / "timeline.jsonl", "a") as f:
+                f.writelines(json.dumps(s) + "\n" for s in spans)
+        return {"busy_s": busy}
+
+    def draw(self) -> None:
+        """timeline.png, the whole run; timeline_step.png, the step with the most shifts, each shift
+        labelled with the roles it went between."""
+        if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
+            return
+        spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
+        self._draw("timeline.png", spans, "the run", since="the run", origin=0.0)
+        shifts = Counter(s["step"] for s in spans if s["role"] == "shift")
+        if shifts:
+            step = max(shifts, key=lambda k: (shifts[k], k))
+            shown = [s for s in spans if s["step"] == step]
+            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, g genrm, t train)",
+                       since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
+
+    def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,
+              label_shifts: bool = False) -> None:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
+        for s in spans:
+            shift = s["role"] == "shift"
+            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"] - origin, color=COLOURS[s["role"]],
+                    hatch="//" if shift else None)
+            if shift and label_shifts:
+                ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
+                            fontsize=7, ha="left", va="bottom")
+        ax.set_title(title)
+        ax.set_xlabel(f"seconds since the start of {since}")
+        ax.set_ylabel("rank")
+        ax.set_yticks(range(self.d.world_size))
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()],
+                  labels=list(COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        fig.savefig(self.out / name, dpi=100)
+        plt.close(fig)
