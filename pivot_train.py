@@ -43,6 +43,7 @@ from shifting.context import RoleContext
 from shifting.placement import Placement
 from shifting.scheduler import StepQueues, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
+from tasks import longtail
 from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, step_prompts
 from timeline import Timeline
 
@@ -72,6 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-response-tokens", type=int, default=64)
+    p.add_argument("--workload", choices=["task", "longtail"], default="task",
+                   help="task: the data's prompts, answered and judged as the models write; longtail: a throughput "
+                        "workload, each response and critique generated to a drawn length (log-normal, p99 at "
+                        "the token budget, median a tenth of it); its rewards mean nothing")
     # judge
     p.add_argument("--judge-kind", choices=JUDGE_KINDS, default="verdict",
                    help="verdict: the judge ends with 'verdict: correct|wrong'; rubric: it scores the example's "
@@ -255,6 +260,8 @@ def main(argv=None):
         (out / "config.json").write_text(json.dumps(vars(args), indent=2))
         (out / "run_info.json").write_text(json.dumps(data_info, indent=2))
         print(data_line(data_info, args))
+        if args.workload == "longtail":
+            print(longtail.LABEL)
         if again:
             print(f"resuming from {resume['folder']} after step {start - 1}" if resume else
                   f"--out {out} has no checkpoint yet: starting over")
@@ -273,7 +280,7 @@ def main(argv=None):
                                    kv_cache_bytes=kv)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  judge_kind=args.judge_kind)
+                  judge_kind=args.judge_kind, longtail=args.workload == "longtail")
     placement = Placement(args, d.world_size)
     if resume:
         placement.load_state(resume["planner"])

@@ -16,6 +16,7 @@ import re
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed
 from tasks.dataset import encode_prompt
+from tasks.longtail import CRITIQUE, length as longtail_length
 
 VERDICT = re.compile(r"verdict:\s*(correct|wrong)\b")
 REWARD = {"correct": 1.0, "wrong": 0.0}
@@ -59,20 +60,24 @@ def fill_template(template: str, prompt: str, response: str, reference: str | No
 
 class GenRM:
     def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
-                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, judge_kind: str = "verdict"):
-        self.tokenizer, self.template, self.seed = tokenizer, template, seed
+                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, judge_kind: str = "verdict",
+                 longtail: bool = False):
+        self.tokenizer, self.template, self.seed, self.longtail = tokenizer, template, seed, longtail
         self.judge_kind, self.parse = judge_kind, parser(judge_kind)
         self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
         self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes)
 
     def request(self, sample, step: int, retry: bool = False) -> Request:
-        """The judge's request for a sample: greedy, or sampled with its own seed on a retry."""
+        """The judge's request for a sample: greedy, or sampled with its own seed on a retry; under the
+        longtail workload it writes a critique of its drawn length (tasks/longtail.py)."""
         text = fill_template(self.template, sample.prompt, sample.response, sample.reference, sample.rubric)
         ids = encode_prompt(self.tokenizer, text)
+        budget = longtail_length(self.seed, step, sample.key, CRITIQUE, self.max_tokens) if self.longtail \
+            else self.max_tokens
         if not retry:
-            return Request("genrm", sample.key, ids, self.max_tokens, 0.0)
-        return Request("genrm", sample.key, ids, self.max_tokens, 1.0, sample_seed(self.seed, step, *sample.key),
-                       retry=True)
+            return Request("genrm", sample.key, ids, budget, 0.0, ignore_eos=self.longtail)
+        return Request("genrm", sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
+                       retry=True, ignore_eos=self.longtail)
 
     def score(self, sample, request: Request, done: Completion) -> bool:
         """Sets the sample's critique and reward; False when the final line is unreadable and the rule

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from roles.engine import Completion, Engine, Request
+from tasks.longtail import RESPONSE, length as longtail_length
 
 
 @dataclass
@@ -44,9 +45,13 @@ class RolloutEngine:
 
     @staticmethod
     def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
-                 max_tokens: int) -> list[Request]:
-        """One request per sample of the step, in (prompt, sample) order."""
-        return [Request("rollout", (i, g), record["prompt_ids"], max_tokens, temperature, sample_seed(seed, step, i, g))
+                 max_tokens: int, longtail: bool = False) -> list[Request]:
+        """One request per sample of the step, in (prompt, sample) order; under the longtail workload
+        each runs to its drawn length (tasks/longtail.py)."""
+        def budget(key):
+            return longtail_length(seed, step, key, RESPONSE, max_tokens) if longtail else max_tokens
+        return [Request("rollout", (i, g), record["prompt_ids"], budget((i, g)), temperature,
+                        sample_seed(seed, step, i, g), ignore_eos=longtail)
                 for i, record in enumerate(batch) for g in range(group_size)]
 
     def to_sample(self, request: Request, done: Completion, record: dict) -> Sample:

@@ -78,7 +78,7 @@ class StepQueues:
         self.batch, self.rollout, self.genrm, self.step = batch, rollout, genrm, step
         self.queue = {"rollout": deque(RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
-            max_tokens=args.max_response_tokens)), "genrm": deque()}
+            max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")), "genrm": deque()}
         self.expected = len(self.queue["rollout"])
         self.samples: dict[tuple[int, int], Sample] = {}
         self.judged: set[tuple[int, int]] = set()
