@@ -1,7 +1,7 @@
 """The three placements on one task, models, seed and world size, in one invocation, interleaved.
 
     python bench/placements.py [--nproc 4] [--repeats 3] [--steps 10] [--split rollout=2,genrm=1,train=1]
-                               [--json PATH] [--out DIR] [-- extra pivot_train.py flags]
+                               [--workload task|longtail] [--json PATH] [--out DIR] [-- extra pivot_train.py flags]
 
 Each run is `torchrun --nproc_per_node NPROC pivot_train.py --placement P` with the same flags; runs
 go colocated, disaggregated, pivot, colocated, ... so that the machine's drift hits all three alike.
@@ -21,8 +21,12 @@ its uncontended time, the same law the simulator applies. Each run's machine-wid
 
 Lengths: on the built-in task a response is a worked column-by-column sum, so its length grows with
 the operands' digit counts (1 to 4 each, drawn independently): 6 to 39 tokens; a critique quotes both
-answers and compares them digit by digit: 40 to 70 tokens. Pass larger models and data of your own
-after `--` for longer tails.
+answers and compares them digit by digit: 40 to 70 tokens. There is no tail to speak of. `--workload
+longtail` draws each response's and critique's length instead (tasks/longtail.py: log-normal, p99 at
+the budget, 96 tokens each unless given after `--`), a throughput workload whose rewards mean nothing.
+
+A placement that cannot be placed on --nproc ranks (disaggregated needs a rank per role, so three or
+more) is skipped with a line that says so.
 """
 import argparse
 import json
@@ -35,9 +39,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from planner import parse_split  # noqa: E402
 from runtime import busy_fraction, cpu_ticks  # noqa: E402
 from sim.calibration import shared_cores  # noqa: E402
+from tasks.longtail import LABEL  # noqa: E402
 PLACEMENTS = ("colocated", "disaggregated", "pivot")
+LONGTAIL = ["--workload", "longtail", "--max-response-tokens", "96", "--max-critique-tokens", "96"]
 
 
 def run(placement: str, args, extra: list[str], out: Path) -> tuple[list[dict], float]:
@@ -46,7 +53,8 @@ def run(placement: str, args, extra: list[str], out: Path) -> tuple[list[dict], 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
            str(ROOT / "pivot_train.py"), "--placement", placement, "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--eval-prompts", "32", "--seed", str(args.seed), "--out", str(out),
-           *(["--split", args.split] if placement == "disaggregated" else []), *extra]
+           *(["--split", args.split] if placement == "disaggregated" else []),
+           *(LONGTAIL if args.workload == "longtail" else []), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     after = cpu_ticks()
     if proc.returncode != 0:
@@ -119,12 +127,11 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
             out[f"{role}_by_busy_ranks"][k] = {
                 "steps": n, "measured_s": sum(row[3] for row in level) / n,
                 "predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in level) * shared_cores(k, cpus) / n}
-    # The lockstep ticks: what one costs beyond its slowest engine step, the planner's time and the shifts
-    # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole tick.
-    exchange = sum(r["rollout_judge_s"] - r["ticks_engine_s"] - r["plan_s"] - r["rollout_judge_shift_s"] for r in steps)
-    out["tick_s"] = exchange / sum(r["ticks"] for r in steps)
-    for key, seconds in (("plan_tick_s", "plan_s"), ("tick_mean_s", "rollout_judge_s")):
-        out[key] = {p: sum(r[seconds] for r in placed[p]) / sum(r["ticks"] for r in placed[p]) for p in placed}
+    # The rounds: what one costs beyond its busiest rank's engine steps, the planner's time and the shifts
+    # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole round.
+    out["exchange_per_round_s"] = sum(r["exchange_s"] for r in steps) / sum(r["rounds"] for r in steps)
+    for key, seconds in (("plan_per_round_s", "plan_s"), ("round_mean_s", "rollout_judge_s")):
+        out[key] = {p: sum(r[seconds] for r in placed[p]) / sum(r["rounds"] for r in placed[p]) for p in placed}
     return out
 
 
@@ -137,6 +144,7 @@ def summarise(records: list[dict], nproc: int) -> dict:
             "busy": busy, "shifts": sum(len(r["shifts"]) for r in steps) / len(steps),
             # The machine's busy fraction during the measured steps (every process on it counted).
             "steps_cpu_busy": sum(r["cpu_busy"] * r["step_time_s"] for r in steps) / seconds,
+            "exchange_share": sum(r["exchange_s"] for r in steps) / sum(r["rollout_judge_s"] for r in steps),
             "rewards": [r["reward_mean"] for r in records if "reward_mean" in r]}
 
 
@@ -144,6 +152,17 @@ def ratio(results: dict, a: str, b: str) -> float:
     """The median over repeats of a's samples/s over b's in the same repeat: runs next to each other in
     time share the machine's drift, which a ratio of the placements' own medians would not cancel."""
     return statistics.median(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[a], results[b]))
+
+
+def placeable(args) -> dict[str, str]:
+    """The placements to run, each against why another is skipped (a split that does not fit)."""
+    skipped = {}
+    try:
+        if "train" not in parse_split(args.split, args.nproc):
+            skipped["disaggregated"] = f"--split {args.split} has no train rank"
+    except ValueError as e:
+        skipped["disaggregated"] = str(e)
+    return skipped
 
 
 def main():
@@ -154,18 +173,27 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split", default="rollout=2,genrm=1,train=1")
+    p.add_argument("--split", default=None,
+                   help="disaggregated's ranks per role (default: rollout=NPROC-2,genrm=1,train=1)")
+    p.add_argument("--workload", choices=["task", "longtail"], default="task")
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="keep the runs' directories here (default: a temporary one)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.split = args.split or f"rollout={max(args.nproc - 2, 1)},genrm=1,train=1"
+    if args.workload == "longtail":
+        print(LABEL)
+    skipped = placeable(args)
+    for placement, why in skipped.items():
+        print(f"{placement} skipped on {args.nproc} ranks: {why}")
+    placements = [p for p in PLACEMENTS if p not in skipped]
 
-    results = {placement: [] for placement in PLACEMENTS}
+    results = {placement: [] for placement in placements}
     cpus = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.out or tmp)
         folders = []
         for repeat in range(args.repeats):
-            for placement in PLACEMENTS:
+            for placement in placements:
                 folders.append(runs / f"{placement}-{repeat}")
                 records, cpu_busy = run(placement, args, extra, folders[-1])
                 results[placement].append(summarise(records, args.nproc) | {"cpu_busy": cpu_busy})
@@ -183,25 +211,37 @@ def main():
             "shifts_per_step": statistics.median(r["shifts"] for r in runs),
             "cpu_busy": statistics.median(r["cpu_busy"] for r in runs),
             "steps_cpu_busy": statistics.median(r["steps_cpu_busy"] for r in runs),
+            "exchange_share": statistics.median(r["exchange_share"] for r in runs),
             "rewards": runs[0]["rewards"], "runs": runs}
-    figures = {"nproc": args.nproc, "steps": args.steps, "repeats": args.repeats, "split": args.split,
+    figures = {"nproc": args.nproc, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
+               "split": None if "disaggregated" in skipped else args.split, "skipped": skipped,
                "placements": table,
                "pivot_over_colocated": ratio(results, "pivot", "colocated"),
-               "pivot_over_disaggregated": ratio(results, "pivot", "disaggregated"),
+               "pivot_over_disaggregated": ratio(results, "pivot", "disaggregated") if "disaggregated" in results
+               else None,
                # Colocated leaves the rest of the machine idle; no placement can use more than all of it.
                "bound_over_colocated": 1 / table["colocated"]["steps_cpu_busy"], **model}
+    report(figures, table, model, cpus, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
 
+
+def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
+    if args.workload == "longtail":
+        print(f"\n{LABEL}")
     print(f"\n{'placement':14s} {'samples/s':>10s} {'tokens/s':>10s} {'rollout':>8s} {'genrm':>8s} {'train':>8s} "
-          f"{'shifts/step':>12s} {'CPU busy: steps':>16s} {'whole run':>10s}")
+          f"{'shifts/step':>12s} {'exchange':>9s} {'CPU busy: steps':>16s} {'whole run':>10s}")
     for placement, row in table.items():
         b = row["busy"]
         print(f"{placement:14s} {row['samples_per_s']:10.1f} {row['tokens_per_s']:10.1f} {b['rollout']:8.2f} "
-              f"{b['genrm']:8.2f} {b['train']:8.2f} {row['shifts_per_step']:12.1f} {row['steps_cpu_busy']:16.0%} "
-              f"{row['cpu_busy']:10.0%}")
-    print(f"\npivot / colocated      {figures['pivot_over_colocated']:.2f}x")
-    print(f"pivot / disaggregated  {figures['pivot_over_disaggregated']:.2f}x")
-    print(f"bound over colocated   {figures['bound_over_colocated']:.2f}x  (1 / colocated's CPU busy fraction "
-          f"during its steps; {cpus} cores, shared with whatever else runs on the machine)")
+              f"{b['genrm']:8.2f} {b['train']:8.2f} {row['shifts_per_step']:12.1f} {row['exchange_share']:9.1%} "
+              f"{row['steps_cpu_busy']:16.0%} {row['cpu_busy']:10.0%}")
+    print("(exchange: the share of rollout+judge time spent in the exchange with rank 0, metrics' exchange_s)")
+    print(f"\npivot / colocated      {figures['pivot_over_colocated']:.2f}x   bound over colocated "
+          f"{figures['bound_over_colocated']:.2f}x  (1 / colocated's CPU busy fraction during its steps; {cpus} "
+          f"cores, shared with whatever else runs on the machine)")
+    if figures["pivot_over_disaggregated"] is not None:
+        print(f"pivot / disaggregated  {figures['pivot_over_disaggregated']:.2f}x")
     print(f"\ncost model ({cpus} cores; seconds uncontended, i.e. measured / max(1, ranks stepping / cores))")
     for role in ("rollout", "genrm"):
         print(f"  {role:8s} engine step {model[f'{role}_step_s'] * 1e3:.2f} ms + "
@@ -212,15 +252,13 @@ def main():
     print("  train    " + ", ".join(f"{n} rank(s) {v:.0f}" for n, v in model["train_tokens_per_s_by_ranks"].items())
           + " tokens/s per rank")
     print("  shifts   " + ", ".join(f"{pair} {v:.3f} s" for pair, v in model["shift_s"].items()))
-    print(f"  ticks    {model['tick_s'] * 1e3:.1f} ms of exchange each beyond the slowest engine step; planner "
-          + ", ".join(f"{p} {v * 1e3:.2f}" for p, v in model["plan_tick_s"].items()) + " ms; a whole tick "
-          + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["tick_mean_s"].items()) + " ms")
+    print(f"  rounds   {model['exchange_per_round_s'] * 1e3:.1f} ms of exchange each; planner "
+          + ", ".join(f"{p} {v * 1e3:.2f}" for p, v in model["plan_per_round_s"].items()) + " ms; a whole round "
+          + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["round_mean_s"].items()) + " ms")
     print("\nreward per step (first repeat)")
-    print("step " + " ".join(f"{p:>13s}" for p in PLACEMENTS))
+    print("step " + " ".join(f"{p:>13s}" for p in table))
     for step in range(args.steps):
-        print(f"{step:4d} " + " ".join(f"{table[p]['rewards'][step]:13.3f}" for p in PLACEMENTS))
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        print(f"{step:4d} " + " ".join(f"{table[p]['rewards'][step]:13.3f}" for p in table))
 
 
 if __name__ == "__main__":
