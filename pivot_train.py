@@ -331,10 +331,10 @@ def main(argv=None):
 def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, and what the
     step's rollout and judging took (shifts, migrations, rounds, the judge's first-try parse failures)."""
-    queues = StepQueues(batch, rollout_engine, genrm, step=step, args=args,
-                        round_steps=args.round_steps) if d.rank == 0 else None
+    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps) if d.rank == 0 else None
     start = time.perf_counter()
-    samples, shifts, resume_s = generate(d, context, queues, placement.plan, capacity=args.max_seqs,
+    samples, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
+                                         genrm=genrm, capacity=args.max_seqs,
                                          seed=args.seed if args.force_shifts is None else args.force_shifts,
                                          step=step, timeline=timeline)
     seconds = time.perf_counter() - start

@@ -229,9 +229,11 @@ def _best_move(ranks, work, speeds, costs, config) -> tuple[list[int], str] | No
 
 
 def _destinations(src: str, work: Work, config: PlannerConfig) -> list[str]:
-    """Where a rank may go: rollout only while sequences wait for a rollout engine (an arriving rank is
-    handed queued work, never a share of what runs elsewhere), train only with judged groups."""
-    dsts = (["rollout"] if work.rollout_prefill > 0 else []) + ["genrm"] + \
+    """Where a rank may go: to a role with work for it on arrival. Rollout only while sequences wait
+    for a rollout engine (an arriving rank is handed queued work, never a share of what runs
+    elsewhere), the judge only with responses to judge (one sent ahead of them would idle until they
+    come), train only with judged groups."""
+    dsts = (["rollout"] if work.rollout_prefill > 0 else []) + (["genrm"] if work.judge_seqs else []) + \
         (["train"] if config.early_train and work.train_ready > 0 else [])
     return [d for d in dsts if d != src]
 

@@ -17,6 +17,7 @@ class Dist:
     device: torch.device
     control: dist.ProcessGroup | None  # gloo: plans, small Python objects (None once shut down)
     tensors: dist.ProcessGroup | None  # NCCL on GPU, gloo on CPU: weights and gradients
+    store: dist.Store | None = None  # the launch's key-value store: signals that must not wait for a collective
 
     @property
     def node(self) -> int:
@@ -34,17 +35,19 @@ def init_distributed() -> Dist:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, **_store())
+        store = _store()
+        dist.init_process_group("nccl", device_id=device, **store)
         control = dist.new_group(backend="gloo")
     else:
         device = torch.device("cpu")
         # One thread per rank: the ranks share the machine's cores.
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", **_store())
+        store = _store()
+        dist.init_process_group("gloo", **store)
         control = dist.group.WORLD
     return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(),
                 local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), device=device,
-                control=control, tensors=dist.group.WORLD)
+                control=control, tensors=dist.group.WORLD, store=store["store"])
 
 
 def shutdown_distributed(d: Dist) -> None:
@@ -59,7 +62,7 @@ def shutdown_distributed(d: Dist) -> None:
     # interpreter exits, a worker still releasing its last collective's tensors asks for the GIL
     # while the interpreter finalizes, and the process dies in std::terminate (seen about once in 15
     # launches). Dropping ours here joins them first.
-    d.control = d.tensors = None
+    d.control = d.tensors = d.store = None
     gc.collect()
 
 
@@ -80,12 +83,11 @@ def busy_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None)
 
 
 def _store() -> dict:
-    """Under torchrun with --max-restarts, each launch's keys under their own prefix. A restarted group
-    is handed the same agent store as the launch before it, still holding that launch's keys: without
-    the prefix a restarted rank reads a dead peer's address and fails to connect."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return {}
+    """The launch's store, with each launch's keys under their own prefix: under torchrun with
+    --max-restarts a restarted group is handed the same agent store as the launch before it, still
+    holding that launch's keys, and without the prefix a restarted rank reads a dead peer's address and
+    fails to connect."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store, rank, world_size = next(dist.rendezvous("env://"))
     return {"store": dist.PrefixStore(f"pivotrl/launch-{attempt}/", store), "rank": rank, "world_size": world_size}
 

@@ -18,10 +18,15 @@ COLOURS = {"rollout": "tab:blue", "genrm": "tab:orange", "train": "tab:green", "
 
 class Timeline:
     def __init__(self, d: Dist, out: Path):
-        self.d, self.out, self.t0, self.spans, self.step = d, out, time.perf_counter(), [], 0
+        self.d, self.out, self.spans, self.step = d, out, [], 0
+        # One origin for every rank (rank 0's wall clock, which nodes keep in sync), so that the ranks'
+        # spans line up in the pictures: each process's own start differs by its start-up time.
+        origin = [time.time()]
+        dist.broadcast_object_list(origin, src=0, group=d.control)
+        self.t0 = origin[0]
 
     def now(self) -> float:
-        return time.perf_counter() - self.t0
+        return time.time() - self.t0
 
     def begin_step(self, step: int) -> None:
         self.step = step

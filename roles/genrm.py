@@ -12,6 +12,7 @@ three rules (`--on-parse-failure`): `fail` scores it 0.0; `retry` judges it once
 (temperature 1.0) and scores 0.0 if that fails too; `stop` ends the run with the offending output.
 """
 import re
+from dataclasses import dataclass, replace
 
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed
@@ -79,28 +80,55 @@ class GenRM:
         return Request("genrm", sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
                        retry=True, ignore_eos=self.longtail)
 
-    def score(self, sample, request: Request, done: Completion) -> bool:
-        """Sets the sample's critique and reward; False when the final line is unreadable and the rule
-        asks for another try (the caller then judges `self.request(sample, step, retry=True)`)."""
-        sample.critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
-        sample.critique_tokens, sample.judge_prompt_tokens = len(done.token_ids), len(request.prompt_ids)
-        reward = self.parse(sample.critique)
-        sample.parse_failed, sample.reward = reward is None, reward or 0.0
+    def verdict(self, request: Request, done: Completion, step: int) -> "Verdict":
+        """What the judge's output says of one response; with the retry rule, an unreadable first try
+        carries the request that judges it once more (sampled, with the sample's own seed)."""
+        critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
+        reward = self.parse(critique)
         if reward is None and self.on_parse_failure == "stop":
             line = "verdict line" if self.judge_kind == "verdict" else "score: N line (1-10)"
             raise ParseFailure(f"the judge's output has no readable {line} (--on-parse-failure stop): "
-                               f"{sample.critique!r}; choose 'fail' or 'retry' to go on past such outputs")
-        return not (reward is None and self.on_parse_failure == "retry" and not request.retry)
+                               f"{critique!r}; choose 'fail' or 'retry' to go on past such outputs")
+        retry = None
+        if reward is None and self.on_parse_failure == "retry" and not request.retry:
+            retry = replace(request, temperature=1.0, seed=sample_seed(self.seed, step, *request.key), retry=True,
+                            generated=[], logprobs=[], rng_state=None, prefill_tokens=0)
+        return Verdict(request.key, critique, len(done.token_ids), len(request.prompt_ids), reward or 0.0,
+                       reward is None, not request.retry, done.prefill_tokens, retry)
 
     def judge(self, samples, step: int) -> int:
         """Judges samples here, to completion (evaluation); returns the first-try parse failures."""
-        requests = [self.request(s, step) for s in samples]
-        done = self.engine.run(requests)
-        again = [s for s, r in zip(samples, requests) if not self.score(s, r, done[r.id])]
-        failures = sum(s.parse_failed for s in samples)
-        if again:
-            retries = [self.request(s, step, retry=True) for s in again]
-            done = self.engine.run(retries)
-            for s, r in zip(again, retries):
-                self.score(s, r, done[r.id])
+        again, failures = [], 0
+        for s, v in zip(samples, self._run([self.request(s, step) for s in samples], step)):
+            v.apply(s)
+            failures += v.parse_failed
+            if v.retry:
+                again.append((s, v.retry))
+        for (s, _), v in zip(again, self._run([r for _, r in again], step)):
+            v.apply(s)
         return failures
+
+    def _run(self, requests: list[Request], step: int) -> list["Verdict"]:
+        done = self.engine.run(requests)
+        return [self.verdict(r, done[r.id], step) for r in requests]
+
+
+@dataclass
+class Verdict:
+    """The judge's reading of one response, made where the critique was written and applied to the
+    sample where the step's samples are kept."""
+    key: tuple[int, int]
+    critique: str
+    critique_tokens: int
+    judge_prompt_tokens: int
+    reward: float
+    parse_failed: bool
+    first_try: bool
+    prefill_tokens: int  # prefilled again because the judge's sequence migrated
+    retry: Request | None = None  # the judge tries once more (--on-parse-failure retry)
+
+    def apply(self, sample) -> None:
+        sample.critique, sample.critique_tokens = self.critique, self.critique_tokens
+        sample.judge_prompt_tokens, sample.reward, sample.parse_failed = self.judge_prompt_tokens, self.reward, self.parse_failed
+        if self.first_try:
+            sample.prefill_tokens += self.prefill_tokens

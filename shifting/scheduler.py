@@ -30,27 +30,63 @@ import torch.distributed as dist
 import faults
 from roles import ENGINE_ROLES, ROLES
 from roles.engine import Completion, Request
-from roles.genrm import GenRM
+from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 
 
 @dataclass(frozen=True)
 class Rounds:
     """How long every rank works before its next report: at most `steps` engine steps and at most
-    `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once."""
+    `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
+    `early` it ends the round for every rank (the plan has other work for a rank that runs empty)."""
     steps: int | None = None
     seconds: float | None = None
+    early: bool = False
+
+
+class RoundEnd:
+    """The signal by which a rank whose engine ran empty ends a round early for every rank: a key in the
+    launch's store, which every rank looks up between engine steps, at most every `poll_s` (a look-up is
+    a round trip to the store, some 0.1-0.3 ms). It needs no collective, so no rank waits for another."""
+
+    def __init__(self, store, step: int, poll_s: float = 0.01):
+        self.store, self.step, self.poll_s, self.round = store, step, poll_s, 0
+        self.last_poll = 0.0
+
+    def next(self) -> None:
+        self.round, self.last_poll = self.round + 1, time.perf_counter()
+
+    @property
+    def key(self) -> str:
+        return f"round-end/{self.step}/{self.round}"
+
+    def signal(self) -> None:
+        self.store.set(self.key, "1")
+
+    def signalled(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last_poll < self.poll_s:
+            return False
+        self.last_poll = now
+        return self.store.check([self.key])
+
+    def forget(self) -> None:
+        """Rank 0, once every rank has left the round: its key is no longer read."""
+        if self.store.check([self.key]):
+            self.store.delete_key(self.key)
 
 
 @dataclass
 class Report:
     role: str
-    finished: list[tuple[Request, Completion]] = field(default_factory=list)
+    responses: list[tuple[Sample, Request]] = field(default_factory=list)  # finished, with its judge request
+    verdicts: list[Verdict] = field(default_factory=list)  # critiques finished, read
     exported: list[Request] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)  # tokens so far of each request in flight
     in_flight_tokens: int = 0  # their prompt + generated tokens
     # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
     steps: list[tuple[int, float, int]] = field(default_factory=list)
+    error: str | None = None  # a judge output under --on-parse-failure stop
 
     @property
     def in_flight(self) -> int:
@@ -71,11 +107,11 @@ class Orders:
 
 
 class StepQueues:
-    """Rank 0's view of one step: queued requests per role, samples, and which are judged."""
+    """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
+    that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, batch: list[dict], rollout: RolloutEngine, genrm: GenRM, *, step: int, args,
-                 round_steps: int = 1):
-        self.batch, self.rollout, self.genrm, self.step = batch, rollout, genrm, step
+    def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1):
+        self.batch, self.step = batch, step
         self.queue = {"rollout": deque(RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
             max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")), "genrm": deque()}
@@ -112,28 +148,24 @@ class StepQueues:
             for request in report.exported:
                 # Migrated work goes first: it holds the oldest sequences of the step.
                 self.queue[request.role].appendleft(request)
-            for request, done in report.finished:
-                self._finished(request, done)
+            for sample, judging in report.responses:
+                assert sample.key not in self.samples, f"sample {sample.key} generated twice"
+                self.samples[sample.key] = sample
+                self.queue["genrm"].append(judging)
+            for verdict in report.verdicts:
+                self._judged(verdict)
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
 
-    def _finished(self, request: Request, done: Completion) -> None:
-        key = request.key
-        if request.role == "rollout":
-            assert key not in self.samples, f"sample {key} generated twice"
-            sample = self.rollout.to_sample(request, done, self.batch[key[0]])
-            self.samples[key] = sample
-            self.queue["genrm"].append(self.genrm.request(sample, self.step))
-            return
+    def _judged(self, verdict: Verdict) -> None:
+        key = verdict.key
         assert key not in self.judged, f"sample {key} judged twice"
-        sample = self.samples[key]
-        if not request.retry:
-            sample.prefill_tokens += done.prefill_tokens
-            self.judge_runs += 1
-        if self.genrm.score(sample, request, done):
-            self.judged.add(key)
+        verdict.apply(self.samples[key])
+        self.judge_runs += verdict.first_try
+        self.parse_failures += verdict.parse_failed and verdict.first_try
+        if verdict.retry:
+            self.queue["genrm"].append(verdict.retry)
         else:
-            self.queue["genrm"].append(self.genrm.request(sample, self.step, retry=True))
-        self.parse_failures += sample.parse_failed and not request.retry
+            self.judged.add(key)
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -147,9 +179,10 @@ class StepQueues:
         return len(self.judged) == self.expected
 
     def timed_round(self) -> Rounds:
-        """A round of `round_steps` engine steps' worth of time, at the median step seen so far."""
+        """A round of `round_steps` engine steps' worth of time, at the median step seen so far, that a
+        rank whose engine runs empty ends early."""
         step_s = statistics.median(self.step_seconds) if self.step_seconds else 0.002
-        return Rounds(seconds=self.round_steps * step_s)
+        return Rounds(seconds=self.round_steps * step_s, early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, up to each engine's capacity."""
@@ -176,7 +209,8 @@ class StepQueues:
 
 def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> tuple[list[str], Rounds]:
     """Every rank rolls out, then every rank judges, once no rollout is left anywhere. With nothing
-    queued, nothing can change before every engine has run empty: ranks report once, then."""
+    queued, nothing can change before every engine has run empty: ranks report once, then; with work
+    queued, a rank that runs empty ends the round so that it gets some."""
     role = "rollout" if queues.pending("rollout") else "genrm"
     return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
@@ -197,18 +231,24 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
     return roles, Rounds(steps=1)
 
 
-def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed: int, step: int,
-             timeline) -> tuple[list[Sample], list[dict], float]:
+def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
+             genrm: GenRM, capacity: int, seed: int, step: int, timeline) -> tuple[list[Sample], list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
-    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `timeline.busy(role)`
-    marks engine work. Returns the step's samples in (prompt, sample) order on every rank, the shifts
-    (the same list on every rank), and the seconds this rank spent prefilling migrated sequences again."""
+    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
+    step's prompts and `rollout`, `genrm` turn finished requests into samples and verdicts;
+    `timeline.busy(role)` marks engine work. Returns the step's samples in (prompt, sample) order on
+    every rank, the shifts (the same list on every rank), and the seconds this rank spent prefilling
+    migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
     report, shifts, since = Report(role=context.role), [], time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
+    ending = RoundEnd(d.store, step)
     while True:
         orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity, time.perf_counter() - since)
+        if d.rank == 0:
+            ending.forget()
+        ending.next()
         since = time.perf_counter()
         if orders.error:
             raise SystemExit(orders.error)
@@ -227,7 +267,8 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
         report = Report(context.role, exported=exported)
         if engine is not None:
             engine.add(orders.work)
-            report.finished, report.steps = _work(engine, orders, context.role, d.rank, timeline)
+            finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
+            _read(report, finished, batch, rollout, genrm, step)
             (resumed if any(r.generated for r in orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
     samples = [queues.ordered_samples() if d.rank == 0 else None]
@@ -235,19 +276,38 @@ def generate(d, context, queues: StepQueues | None, plan, *, capacity: int, seed
     return samples[0], shifts, _extra_seconds(resumed, plain)
 
 
-def _work(engine, orders: Orders, role: str, rank: int, timeline) -> tuple[list, list[tuple[int, float, int]]]:
+def _read(report: Report, finished: list[tuple[Request, Completion]], batch: list[dict], rollout: RolloutEngine,
+          genrm: GenRM, step: int) -> None:
+    """Finished rollout requests become samples with their judge requests; finished critiques, verdicts."""
+    try:
+        for request, done in finished:
+            if request.role == "rollout":
+                sample = rollout.to_sample(request, done, batch[request.key[0]])
+                report.responses.append((sample, genrm.request(sample, step)))
+            else:
+                report.verdicts.append(genrm.verdict(request, done, step))
+    except ParseFailure as e:
+        report.error = str(e)
+
+
+def _work(engine, orders: Orders, role: str, rank: int, timeline,
+          ending: RoundEnd) -> tuple[list, list[tuple[int, float, int]]]:
     """Steps `engine` until the round ends or it runs empty; returns what finished and the steps taken."""
     finished, steps = [], []
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
     while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps) and \
             (limit.seconds is None or time.perf_counter() - start < limit.seconds):
+        if limit.early and ending.signalled():
+            break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
             finished += engine.step()
         faults.point(role, rank)
         steps.append((batch, time.perf_counter() - begin, prefill))
         prefill = 0
+    if limit.early and steps and not engine.in_flight():
+        ending.signal()  # this rank is free: the plan may have other work for it
     return finished, steps
 
 
@@ -274,10 +334,13 @@ def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[st
 
 
 def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, round_s: float) -> list[Orders]:
+    error = next((r.error for r in reports if r.error), None)  # a judge output under --on-parse-failure stop
     try:
         queues.ingest(reports, round_s)
-    except Exception as e:  # a judge output under --on-parse-failure stop, or a broken invariant
-        return [Orders(roles, error=f"step {queues.step}: {e}") for _ in roles]
+    except AssertionError as e:  # a broken invariant
+        error = str(e)
+    if error:
+        return [Orders(roles, error=f"step {queues.step}: {error}") for _ in roles]
     if queues.done():
         return [Orders(roles, done=True) for _ in roles]
     start = time.perf_counter()

@@ -225,3 +225,11 @@ def test_any_steady_workload_settles(work, held, cost):
         roles = apply_moves(roles, moves)
         since = [0.0 if any(m.rank == i for m in moves) else s + cost * 10 for i, s in enumerate(since)]
     assert not moves  # settled: the last call moves nothing
+
+
+def test_no_rank_is_sent_ahead_to_a_judge_with_nothing_to_judge():
+    # The step's start: a long tail ahead, so the model would have a judge rank work through responses as
+    # they come; but none has come yet, and a rank sent now would idle until they do.
+    assert all(m.dst != "genrm" for m in plan(ranks("rollout", "rollout"), START, SPEEDS, costs(1e-3)))
+    waiting = replace(START, judge_seqs=64, judge_tokens=64 * 500, judge_prefill=64 * 2300)
+    assert any(m.dst == "genrm" for m in plan(ranks("rollout", "rollout", tokens=100), waiting, SPEEDS, costs(1e-3)))
