@@ -269,7 +269,8 @@ def main(argv=None):
 
     on_gpu = d.device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0)
+    placement = Placement(args, d.world_size)
+    train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0, keep_grads=placement.early_train)
     storage = ParameterStorage(d, "policy", train_state.weight_shapes(dtype))
     if resume:
         checkpoint.restore(d, resume, train_state)
@@ -281,7 +282,6 @@ def main(argv=None):
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
                   judge_kind=args.judge_kind, longtail=args.workload == "longtail")
-    placement = Placement(args, d.world_size)
     if resume:
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
@@ -304,10 +304,10 @@ def main(argv=None):
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
-        samples, generation = rollout_and_judge(d, context, batch, rollout_engine, genrm, placement, step,
-                                                timeline, args)
+        samples, early, generation = rollout_and_judge(d, context, batch, rollout_engine, genrm, placement, step,
+                                                       timeline, args)
         shifts = generation.pop("shifts") + to_train(context, placement)
-        stats = train_step(context, samples, timeline, args)
+        stats = train_step(context, samples, early, timeline, args)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples, shifts)
         record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
@@ -331,22 +331,23 @@ def main(argv=None):
 def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, and what the
     step's rollout and judging took (shifts, migrations, rounds, the judge's first-try parse failures)."""
-    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps) if d.rank == 0 else None
+    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=placement.early_train,
+                        train_per_s=placement.train_per_s) if d.rank == 0 else None
     start = time.perf_counter()
-    samples, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
+    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
                                          genrm=genrm, capacity=args.max_seqs,
                                          seed=args.seed if args.force_shifts is None else args.force_shifts,
                                          step=step, timeline=timeline)
     seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
-    counts = [(queues.parse_failures, queues.migrated, queues.engine_metrics()) if queues else None]
+    counts = [(queues.parse_failures, queues.migrated, queues.engine_metrics(), queues.train_per_s) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, migrated, engines = counts[0]
-    # What every rank waited for beyond the busiest rank's engine steps, the plan and the shifts: the
-    # rounds' exchange with rank 0.
-    exchange = seconds - engines["rounds_engine_s"] - engines["plan_s"] - engines["rollout_judge_shift_s"]
-    return samples, {"shifts": shifts, "migrated_sequences": migrated,
+    failures, migrated, engines, placement.train_per_s = counts[0]
+    # What every rank waited for beyond the busiest rank's work, the plan and the shifts: the rounds'
+    # exchange with rank 0.
+    exchange = seconds - engines["rounds_work_s"] - engines["plan_s"] - engines["rollout_judge_shift_s"]
+    return samples, early, {"shifts": shifts, "migrated_sequences": migrated,
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                      "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
                      "genrm_parse_failures": failures, **engines}
@@ -357,19 +358,25 @@ def to_train(context: RoleContext, placement: Placement) -> list[dict]:
     return context.apply(placement.train_roles())
 
 
-def train_step(context: RoleContext, samples: list[Sample], timeline: Timeline, args) -> dict:
-    """The GRPO update on the ranks that hold the train role; every rank gets its statistics."""
+def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args) -> dict:
+    """The GRPO update on the ranks that hold the train role; every rank gets its statistics. The groups
+    trained early (`early`, pivot) are in the gradients already: the rest complete the update."""
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
-    per = -(-len(samples) // args.minibatches)
+    if early["groups"]:
+        minibatches = [[s for s in samples if s.prompt_index not in early["groups"]]]
+    else:
+        per = -(-len(samples) // args.minibatches)
+        minibatches = [samples[i:i + per] for i in range(0, len(samples), per)]
     stats = None
     if context.trainer is not None:
         with timeline.busy("train"):
-            stats = context.trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
+            stats = context.trainer.train_step(minibatches, early if early["groups"] else None)
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
-    return next(s for s in everyone if s is not None)
+    stats = next(s for s in everyone if s is not None)
+    return {**stats, "early_trained_groups": len(early["groups"]), "early_trained_tokens": early["tokens"]}
 
 
 def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement,

@@ -340,10 +340,10 @@ class LoopPlanner:
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["genrm"]` (Requests:
     prompt_ids, generated, max_tokens), `batch`, `expected`, `samples` (finished responses), `judged`,
-    `round_s` (the last round's seconds) and `reports`, the last round's Report of every rank, in rank
-    order, of which it reads `generated` (tokens each in-flight request has generated),
-    `in_flight_tokens` (prompt + generated tokens of those requests) and `steps` (the round's engine
-    steps as (sequences, seconds, prefill tokens)).
+    `trained` (groups trained early), `round_s` (the last round's seconds) and `reports`, the last
+    round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
+    request has generated), `in_flight_tokens` (prompt + generated tokens of those requests) and
+    `steps` (the round's engine steps as (sequences, seconds, prefill tokens)).
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
@@ -374,7 +374,7 @@ class LoopPlanner:
         return {"fits": {role: list(fit.sums) for role, fit in self.fits.items()},
                 "costs": [[a, b, cost] for (a, b), cost in self.costs.items()],
                 "lengths": self.lengths.lengths.tolist(), "critiques": self.critiques.lengths.tolist(),
-                "since": self.since}
+                "since": self.since, "train_per_s": self.speeds.train_per_s}
 
     def load_state(self, state: dict) -> None:
         for role, sums in state["fits"].items():
@@ -383,6 +383,7 @@ class LoopPlanner:
         self.lengths = LengthEstimate(state["lengths"], self.lengths.budget)
         self.critiques = LengthEstimate(state["critiques"], self.critiques.budget)
         self.since = state["since"]
+        self.speeds = replace(self.speeds, train_per_s=state["train_per_s"])
 
     def measured_speeds(self) -> Speeds:
         engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
@@ -395,9 +396,13 @@ class LoopPlanner:
         judging = [g for role, g in running if role == "genrm"]
         prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
         response = self.lengths.mean()
-        done_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in queues.samples.values())
+        # Groups trained early already are no longer work.
+        trained = set(queues.trained)
+        done_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for (p, _), s in queues.samples.items()
+                          if p not in trained)
         group = queues.expected // len(queues.batch)
-        complete = [p for p in range(len(queues.batch)) if all((p, i) in queues.judged for i in range(group))]
+        complete = [p for p in range(len(queues.batch)) if p not in trained
+                    and all((p, i) in queues.judged for i in range(group))]
         return Work(
             rollout_seqs=len(rolling),
             rollout_tokens=float(self.lengths.remaining(rolling).sum()) if rolling else 0.0,

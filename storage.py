@@ -224,11 +224,14 @@ class TrainState:
 
     Version 0 is the checkpoint with zero moments, which is exactly a fresh AdamW's state. The frozen
     part (model buffers such as rotary frequencies, which a module built on the meta device lacks, and
-    the reference policy when a KL term needs one) is a second storage, written once."""
+    the reference policy when a KL term needs one) is a second storage, written once. With
+    `keep_grads`, a third holds the gradients a train group has accumulated in a step before its
+    optimizer step (early training), so that a train group that changes mid-step carries them over;
+    it is never checkpointed (a checkpoint is taken between steps, when there are none)."""
 
     FIELDS = ("master", "exp_avg", "exp_avg_sq")
 
-    def __init__(self, d: Dist, policy_dir: str, keep_reference: bool):
+    def __init__(self, d: Dist, policy_dir: str, keep_reference: bool, keep_grads: bool = False):
         from transformers import AutoConfig, AutoModelForCausalLM
         self.config = AutoConfig.from_pretrained(policy_dir)
         with torch.device("meta"):
@@ -241,6 +244,9 @@ class TrainState:
         self.frozen = ParameterStorage(d, "policy-frozen",
                                        [(f"buffer/{n}", tuple(b.shape), b.dtype) for n, b in skeleton.named_buffers()]
                                        + [(f"reference/{n}", s, f32) for n, s in self.params if keep_reference])
+        # grad_tokens: the response tokens whose gradients the stored rows sum (0: none stored).
+        self.partial = ParameterStorage(d, "policy-grads", [(f"grad/{n}", s, f32) for n, s in self.params]
+                                        + [("grad_tokens", (1,), f32)]) if keep_grads else None
         initial = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=f32) if d.local_rank == 0 else None
         weights = [] if initial is None else [(n, p.detach()) for n, p in initial.named_parameters()]
         self.state.publish([(f"master/{n}", w) for n, w in weights], version=0)
@@ -248,7 +254,14 @@ class TrainState:
                             + [(f"reference/{n}", w) for n, w in weights if keep_reference], version=0)
 
     def view(self, name: str) -> torch.Tensor:
-        return self.state.views[name] if name in self.state.views else self.frozen.views[name]
+        for storage in (self.state, self.frozen, self.partial):
+            if storage is not None and name in storage.views:
+                return storage.views[name]
+        raise KeyError(name)
+
+    def stored_grad_tokens(self) -> int:
+        """Response tokens whose accumulated gradients storage holds (0 without early training)."""
+        return int(self.view("grad_tokens")[0].item()) if self.partial is not None else 0
 
     def weight_shapes(self, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         """The layout of the policy's published weights, in `dtype`."""
@@ -259,6 +272,9 @@ class TrainState:
         ranks outside the train group pass None."""
         self.state.publish_shards([] if trainer is None else trainer.state_rows(),
                                   -1 if trainer is None else trainer.steps)
+        if self.partial is not None:
+            self.partial.publish_shards([] if trainer is None else trainer.grad_rows(),
+                                        -1 if trainer is None else trainer.steps)
 
     def publish_weights(self, policy: ParameterStorage, version: int) -> None:
         """Collective: publishes the stored master weights, cast to the policy storage's dtype."""
@@ -266,5 +282,6 @@ class TrainState:
         policy.publish(named, version)
 
     def close(self) -> None:
-        self.state.close()
-        self.frozen.close()
+        for storage in (self.state, self.frozen, self.partial):
+            if storage is not None:
+                storage.close()

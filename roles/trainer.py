@@ -97,6 +97,7 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99),
                                            weight_decay=weight_decay)
         self._load_optimizer()
+        self._load_grads()
 
     def _rows(self, p) -> int:
         """First row of dim 0 that this rank's shard of `p` holds."""
@@ -135,11 +136,25 @@ class PolicyTrainer:
                 local = moments.setdefault(field, torch.empty_like(p)).to_local()
                 local.copy_(self.state.view(f"{field}/{name}")[first:first + local.shape[0]])
 
+    def _load_grads(self) -> None:
+        """The gradients a train group accumulated early in this step and left in storage, if any; else
+        none. `accumulated` counts the response tokens they sum over."""
+        self.accumulated = self.state.stored_grad_tokens()
+        for name, p in self.model.named_parameters():
+            if not self.accumulated:
+                p.grad = None
+                continue
+            first, grad = self._rows(p), torch.zeros_like(p)
+            local = grad.to_local()
+            local.copy_(self.state.view(f"grad/{name}")[first:first + local.shape[0]])
+            p.grad = grad
+
     def reload(self) -> None:
         """Loads the stored state into this trainer's own tensors, for the same group: the onload of a
         trainer kept allocated (on CPU, where freeing would only trade a copy for page faults)."""
         self._fill(self.model, "master")
         self._load_optimizer()
+        self._load_grads()
 
     def state_rows(self):
         """(name, rows, first row) of this rank's master weights, moments and step, for
@@ -151,6 +166,14 @@ class PolicyTrainer:
             yield f"exp_avg_sq/{name}", moments["exp_avg_sq"].to_local(), first
         if dist.get_rank(self.group) == 0:
             yield "step", torch.tensor([float(self.steps)]), 0
+
+    def grad_rows(self):
+        """(name, rows, first row) of this rank's accumulated gradients (zeros when it holds none) and
+        the tokens they sum over, for `TrainState.partial.publish_shards`."""
+        for name, p in self.model.named_parameters():
+            yield f"grad/{name}", torch.zeros_like(p.to_local()) if p.grad is None else p.grad.to_local(), self._rows(p)
+        if dist.get_rank(self.group) == 0:
+            yield "grad_tokens", torch.tensor([float(self.accumulated)]), 0
 
     @property
     def steps(self) -> int:
@@ -180,31 +203,64 @@ class PolicyTrainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def train_step(self, minibatches: list[list]) -> dict:
-        """One optimizer step per minibatch. Every train rank is handed the same global minibatches
-        (samples carrying `.advantage`) and works on its strided share of each."""
+    def accumulate(self, samples: list) -> dict:
+        """Early training: forward and backward over `samples` (judged groups of the step's only
+        minibatch), adding their gradients to this group's; the optimizer steps later, in `train_step`,
+        once every group is in. Every train rank is handed the same samples and works on its strided
+        share. The step's token count is not known yet, so these gradients are token sums, scaled to a
+        token-level mean when `train_step` finishes the minibatch. Returns this group's loss sum,
+        clipped tokens and tokens."""
+        if not self.accumulated:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        loss_sum, clipped = self._backward(samples, total_tokens=1)
+        tokens = sum(len(s.response_ids) for s in samples)
+        self.accumulated += tokens
+        return {"loss_sum": loss_sum, "clipped": clipped, "tokens": tokens}
+
+    def _backward(self, samples: list, total_tokens: int) -> tuple[float, float]:
+        """Forward and backward of this rank's strided share of `samples`, the loss sum over
+        `total_tokens`; returns the group's loss sum and clipped-token count."""
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        mine = samples[rank::world]
+        # Every rank runs the same number of micro-steps: FSDP's collectives must pair up.
+        micro_steps = -(-len(samples[0::world]) // self.micro_batch)
+        sums = torch.zeros(2, device=self.device)
+        for i in range(micro_steps):
+            chunk = mine[i * self.micro_batch:(i + 1) * self.micro_batch]
+            loss, clipped = self._micro_step(chunk or samples[:1], real=bool(chunk))
+            # FSDP averages gradients over the group; this scale makes them token-level means.
+            (loss * world / total_tokens).backward()
+            sums += torch.tensor([loss.item(), clipped], device=self.device)
+        dist.all_reduce(sums, group=self.group)
+        return sums[0].item(), sums[1].item()
+
+    def train_step(self, minibatches: list[list], early: dict | None = None) -> dict:
+        """One optimizer step per minibatch. Every train rank is handed the same global minibatches
+        (samples carrying `.advantage`) and works on its strided share of each. With early training,
+        the first (and only) minibatch holds just the samples not trained yet, `early` the sums of
+        those that were (`accumulate`), whose gradients this group holds or loaded from storage."""
+        early = early or {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0}
         self.model.train()
-        for mb in minibatches:
-            total_tokens = sum(len(s.response_ids) for s in mb)
-            mine = mb[rank::world]
-            # Every rank runs the same number of micro-steps: FSDP's collectives must pair up.
-            micro_steps = -(-len(mb[0::world]) // self.micro_batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            sums = torch.zeros(2)
-            for i in range(micro_steps):
-                chunk = mine[i * self.micro_batch:(i + 1) * self.micro_batch]
-                loss, clipped = self._micro_step(chunk or mb[:1], real=bool(chunk))
-                # FSDP averages gradients over the group; this scale makes them token-level means.
-                (loss * world / max(total_tokens, 1)).backward()
-                sums += torch.tensor([loss.item(), clipped])
+        for index, mb in enumerate(minibatches):
+            carried = early if index == 0 else {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+            assert carried["tokens"] == (self.accumulated if index == 0 else 0), "early gradients out of step"
+            total_tokens = sum(len(s.response_ids) for s in mb) + carried["tokens"]
+            if carried["tokens"]:
+                for p in self.model.parameters():  # the early token sums, as a share of the token mean
+                    if p.grad is not None:
+                        p.grad.mul_(1.0 / total_tokens)
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+            loss_sum, clipped = self._backward(mb, max(total_tokens, 1)) if mb else (0.0, 0.0)
+            sums = torch.tensor([loss_sum + carried["loss_sum"], clipped + carried["clipped"]])
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             faults.point("train", dist.get_rank())
             self.optimizer.step()
-            dist.all_reduce(sums, group=self.group)
+            self.accumulated = 0
             stats["loss"] += sums[0].item() / max(total_tokens, 1) / len(minibatches)
             stats["clip_frac"] += sums[1].item() / max(total_tokens, 1) / len(minibatches)
             stats["grad_norm"] += grad_norm.item() / len(minibatches)

@@ -6,6 +6,8 @@ judges, and the ranks that train at its end. The algorithm is the same in every 
   pivot          the planner (planner.py) moves ranks between roles while the step runs
 `--force-shifts SEED` replaces any placement's plan by a seeded random one, to exercise migration.
 """
+from dataclasses import replace
+
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
 from roles import ROLES
 from shifting.scheduler import Rounds, colocated_plan, forced_plan
@@ -15,6 +17,11 @@ class Placement:
     def __init__(self, args, world_size: int):
         self.args, self.world_size = args, world_size
         self.split = parse_split(args.split, world_size) if args.placement == "disaggregated" else None
+        # Early training: the planner may move ranks to train on judged groups while the step still
+        # rolls out and judges; the optimizer steps once every group is in, so the update is the same.
+        # One minibatch only: a later minibatch's gradients need the weights its predecessor updates.
+        self.early_train = args.placement == "pivot" and args.force_shifts is None and args.minibatches == 1
+        self.train_per_s = 1e4  # tokens per second per train rank, a prior the steps' measurements replace
         self.planner = None
         if args.placement == "pivot":
             # Priors only: the planner refits engine speeds every round and shift costs every step.
@@ -23,7 +30,7 @@ class Placement:
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b},
                                        LengthEstimate([], args.max_response_tokens),
                                        LengthEstimate([], args.max_critique_tokens),
-                                       PlannerConfig(min_train_ranks=1))
+                                       PlannerConfig(early_train=self.early_train, min_train_ranks=1))
 
     def start_roles(self) -> list[str]:
         return list(self.split) if self.split else ["rollout"] * self.world_size
@@ -49,11 +56,14 @@ class Placement:
     def load_state(self, state: dict | None) -> None:
         if self.planner is not None and state is not None:
             self.planner.load_state(state)
+            self.train_per_s = self.planner.speeds.train_per_s
 
     def learn(self, samples, shifts: list[dict]) -> None:
-        """The pivot planner's view of the next step: this step's lengths and measured shift costs."""
+        """The pivot planner's view of the next step: this step's lengths, the training speed and the
+        measured shift costs."""
         if self.planner is None:
             return
+        self.planner.speeds = replace(self.planner.speeds, train_per_s=self.train_per_s)
         self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
         self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
         for shift in shifts:

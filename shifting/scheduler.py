@@ -25,6 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 import faults
@@ -32,6 +33,7 @@ from roles import ENGINE_ROLES, ROLES
 from roles.engine import Completion, Request
 from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
+from roles.trainer import grpo_advantages
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class Report:
     in_flight_tokens: int = 0  # their prompt + generated tokens
     # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
     steps: list[tuple[int, float, int]] = field(default_factory=list)
+    # Early training: the group's sums over the samples it trained on this round (loss_sum, clipped,
+    # tokens), and the seconds it took.
+    trained: dict | None = None
+    train_s: float = 0.0
     error: str | None = None  # a judge output under --on-parse-failure stop
 
     @property
@@ -93,14 +99,16 @@ class Report:
         return len(self.generated)
 
     @property
-    def engine_s(self) -> float:
-        return sum(seconds for _, seconds, _ in self.steps)
+    def work_s(self) -> float:
+        """Seconds this rank worked in the round: engine steps or early training."""
+        return sum(seconds for _, seconds, _ in self.steps) + self.train_s
 
 
 @dataclass
 class Orders:
     roles: list[str]  # every rank's role from now on (the same on every rank)
     work: list[Request] = field(default_factory=list)  # new requests for this rank
+    train: list[Sample] = field(default_factory=list)  # judged groups to train on (every train rank the same)
     rounds: Rounds = Rounds()
     done: bool = False
     error: str | None = None
@@ -110,8 +118,9 @@ class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1):
-        self.batch, self.step = batch, step
+    def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
+                 train_per_s: float = 1e4):
+        self.batch, self.step, self.group_size = batch, step, args.group_size
         self.queue = {"rollout": deque(RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
             max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")), "genrm": deque()}
@@ -127,17 +136,24 @@ class StepQueues:
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
         self.round_steps, self.step_seconds = round_steps, deque(maxlen=256)
-        self.rounds, self.rounds_engine_s = 0, 0.0  # rounds, and the busiest rank's engine seconds in each summed
+        self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.plan_s = 0.0  # rank 0's seconds in the plan function, which every rank waits for
         self.shift_s = 0.0  # seconds of the shifts made while rolling out and judging
+        # Early training: judged groups handed to the train ranks (prompt indices), what they summed,
+        # and the train ranks' measured tokens per second per rank, which sizes a round's share.
+        self.early_train, self.train_per_s = early_train, train_per_s
+        self.trained: list[int] = []
+        self.early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+        self.early_train_s = 0.0
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
         stepped = [r for r in reports if r.steps]
-        if stepped:
+        worked = [r.work_s for r in reports if r.steps or r.trained]
+        if worked:
             self.rounds += 1
-            self.rounds_engine_s += max(r.engine_s for r in stepped)
+            self.rounds_work_s += max(worked)
         for r in stepped:
             for batch, seconds, prefill in r.steps:
                 row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
@@ -154,6 +170,15 @@ class StepQueues:
                 self.queue["genrm"].append(judging)
             for verdict in report.verdicts:
                 self._judged(verdict)
+        trainers = [r for r in reports if r.trained]
+        if trainers:  # every train rank reports the group's sums: count them once
+            for key in self.early:
+                self.early[key] += trainers[0].trained[key]
+            seconds = max(r.train_s for r in trainers)
+            self.early_train_s += seconds
+            if seconds > 0:
+                rate = trainers[0].trained["tokens"] / (seconds * len(trainers))
+                self.train_per_s = 0.5 * self.train_per_s + 0.5 * rate
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
 
     def _judged(self, verdict: Verdict) -> None:
@@ -164,8 +189,37 @@ class StepQueues:
         self.parse_failures += verdict.parse_failed and verdict.first_try
         if verdict.retry:
             self.queue["genrm"].append(verdict.retry)
-        else:
-            self.judged.add(key)
+            return
+        self.judged.add(key)
+        group = [self.samples.get((key[0], g)) for g in range(self.group_size)]
+        if all(s is not None and s.key in self.judged for s in group):
+            # Its advantages, as the update computes them for every group (grpo_advantages per row).
+            advantages = grpo_advantages(torch.tensor([[s.reward for s in group]]))[0].tolist()
+            for s, a in zip(group, advantages):
+                s.advantage = a
+
+    def ready_groups(self) -> list[int]:
+        """Judged groups no train rank has had, in prompt order."""
+        return [p for p in range(len(self.batch)) if p not in self.trained
+                and all((p, g) in self.judged for g in range(self.group_size))]
+
+    def hand_to_train(self, ranks: int, seconds: float) -> list[Sample]:
+        """The samples of the judged groups the train ranks take this round: about `seconds` of work at
+        their measured speed, one group at least, in prompt order."""
+        budget, taken = self.train_per_s * ranks * seconds, []
+        for p in self.ready_groups():
+            group = [self.samples[(p, g)] for g in range(self.group_size)]
+            tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in group)
+            if taken and tokens > budget:
+                break
+            budget -= tokens
+            taken += group
+            self.trained.append(p)
+        return taken
+
+    def untrained_samples(self) -> list[Sample]:
+        """The samples the update has still to train on, in (prompt, sample) order."""
+        return [s for key, s in sorted(self.samples.items()) if key[0] not in self.trained]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -203,7 +257,7 @@ class StepQueues:
         prefill tokens], decode-only steps (prefill 0) apart from those that also prefilled."""
         rows = {role: [[busy, batch, n, round(s, 6), tokens] for (busy, batch, _), (n, s, tokens)
                        in sorted(table.items())] for role, table in self.engine_steps.items()}
-        return {"engine_steps": rows, "rounds": self.rounds, "rounds_engine_s": self.rounds_engine_s,
+        return {"engine_steps": rows, "rounds": self.rounds, "rounds_work_s": self.rounds_work_s,
                 "plan_s": self.plan_s, "rollout_judge_shift_s": self.shift_s}
 
 
@@ -232,14 +286,15 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
 
 
 def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
-             genrm: GenRM, capacity: int, seed: int, step: int, timeline) -> tuple[list[Sample], list[dict], float]:
+             genrm: GenRM, capacity: int, seed: int, step: int, timeline) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
     step's prompts and `rollout`, `genrm` turn finished requests into samples and verdicts;
-    `timeline.busy(role)` marks engine work. Returns the step's samples in (prompt, sample) order on
-    every rank, the shifts (the same list on every rank), and the seconds this rank spent prefilling
-    migrated sequences again."""
+    `timeline.busy(role)` marks engine and training work. Returns, on every rank, the step's samples in
+    (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
+    `clipped` and `tokens`), the shifts, and the seconds this rank spent prefilling migrated
+    sequences again."""
     rng = random.Random(f"{seed}/{step}")
     report, shifts, since = Report(role=context.role), [], time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
@@ -265,15 +320,21 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
                 queues.shift_s += time.perf_counter() - start
         engine = context.engines.get(context.role)
         report = Report(context.role, exported=exported)
+        if orders.train:
+            start = time.perf_counter()
+            with timeline.busy("train"):
+                report.trained = context.trainer.accumulate(orders.train)
+            report.train_s = time.perf_counter() - start
         if engine is not None:
             engine.add(orders.work)
             finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
             _read(report, finished, batch, rollout, genrm, step)
             (resumed if any(r.generated for r in orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
-    samples = [queues.ordered_samples() if d.rank == 0 else None]
-    dist.broadcast_object_list(samples, src=0, group=d.control)
-    return samples[0], shifts, _extra_seconds(resumed, plain)
+    done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early}) if d.rank == 0 else None]
+    dist.broadcast_object_list(done, src=0, group=d.control)
+    samples, early = done[0]
+    return samples, early, shifts, _extra_seconds(resumed, plain)
 
 
 def _read(report: Report, finished: list[tuple[Request, Completion]], batch: list[dict], rollout: RolloutEngine,
@@ -350,4 +411,8 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)
-    return [Orders(new, work=work[r], rounds=rounds) for r in range(len(new))]
+    train = []
+    if queues.early_train and "train" in new:
+        train = queues.hand_to_train(new.count("train"), rounds.seconds or queues.timed_round().seconds)
+    return [Orders(new, work=work[r], train=train if new[r] == "train" else [], rounds=rounds)
+            for r in range(len(new))]

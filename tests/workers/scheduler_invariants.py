@@ -42,7 +42,7 @@ args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_token
 
 def run(plan, capacity, seed):
     queues = StepQueues(batch, step=0, args=args) if d.rank == 0 else None
-    samples, shifts, _ = generate(d, context, queues, plan, batch=batch, rollout=rollout, genrm=genrm,
+    samples, _, shifts, _ = generate(d, context, queues, plan, batch=batch, rollout=rollout, genrm=genrm,
                                   capacity=capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)

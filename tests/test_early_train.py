@@ -1,0 +1,23 @@
+"""Early training changes when the update's gradients are computed, not the update."""
+import json
+
+import pytest
+
+from conftest import POLICY, ROOT, torchrun
+
+
+def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
+    torchrun(ROOT / "tests/workers/early_train.py", POLICY, tmp_path)
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["moved"] > 1e-4  # the step changes the weights, so the gaps below mean something
+        # early groups trained on rank 1 alone, carried through storage to both ranks
+        assert r["stored_tokens"] == r["early_tokens"] > 0
+        assert r["carried_gap"] < 1e-6
+        # early groups trained on the final group itself
+        assert r["in_place_gap"] < 1e-6
+        carried, in_place, whole = r["stats"]
+        for stats in (carried, in_place):
+            assert stats["tokens"] == whole["tokens"]
+            assert stats["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)
+            assert stats["clip_frac"] == pytest.approx(whole["clip_frac"], abs=1e-9)

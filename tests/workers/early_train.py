@@ -1,0 +1,94 @@
+"""Early training: the update of a step whose first groups were trained on a smaller train group while
+the step still ran (gradients accumulated, then carried through storage into the step's final train
+group) against the same update taken all at once. Also the case where the early group is the final
+one (the gradients stay where they are)."""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from roles.rollout import Sample
+from roles.trainer import PolicyTrainer, grpo_advantages
+from runtime import init_distributed, shutdown_distributed
+from storage import TrainState
+
+policy_dir, out = sys.argv[1:3]
+d = init_distributed()
+tok = AutoTokenizer.from_pretrained(policy_dir)
+hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0,
+             micro_batch=3)
+prompts = [tok(p).input_ids for p in ("12+34=", "999+1=", "5+5=", "70+8=", "4071+389=")]
+G = 4
+
+
+def step_samples() -> list[Sample]:
+    """A step's samples with rewards, advantages and sampling logprobs off the trainer's (a ratio != 1)."""
+    gen = torch.Generator().manual_seed(7)
+    samples = []
+    for i, ids in enumerate(prompts):
+        for g in range(G):
+            response = torch.randint(2, 38, (2 + (3 * i + g) % 9,), generator=gen).tolist()
+            logprobs = (-3.0 - torch.rand(len(response), generator=gen)).tolist()
+            samples.append(Sample(i, g, ids, response, logprobs, "stop", reward=float((i + g) % 3 == 0)))
+    rewards = torch.tensor([s.reward for s in samples]).view(-1, G)
+    for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
+        s.advantage = a
+    return samples
+
+
+def weights(trainer: PolicyTrainer) -> dict:
+    return dict(trainer.full_weights())
+
+
+def gap(a: dict, b: dict) -> float:
+    """Relative distance over all the weights together (a parameter with an exactly zero true gradient,
+    such as k_proj's bias, moves by float noise alone)."""
+    return (sum((a[n] - w).norm() ** 2 for n, w in b.items()) / sum(w.norm() ** 2 for w in b.values())).sqrt().item()
+
+
+samples = step_samples()
+early_groups = [[0, 1], [3]]  # two rounds of early training
+trained = [p for groups in early_groups for p in groups]
+rest = [s for s in samples if s.prompt_index not in trained]
+
+whole = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper)
+whole.train_step([samples])
+reference = weights(whole)
+
+# Rank 1 trains the early groups alone; the state (with its gradients) goes through storage to both.
+state = TrainState(d, policy_dir, keep_reference=False, keep_grads=True)
+alone = dist.new_group([1])
+early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+trainer = None
+if d.rank == 1:
+    trainer = PolicyTrainer(state, alone, d.device, **hyper)
+    for groups in early_groups:
+        sums = trainer.accumulate([s for s in samples if s.prompt_index in groups])
+        early = {k: early[k] + sums[k] for k in early}
+state.save(trainer)
+shared = [None, None]
+dist.all_gather_object(shared, early)
+early = shared[1]
+stored_tokens = state.stored_grad_tokens()
+final = PolicyTrainer(state, d.tensors, d.device, **hyper)
+stats = final.train_step([rest], early)
+carried = gap(weights(final), reference)
+
+# The early group is the final one: no regroup, the gradients never leave the trainer.
+kept = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False, keep_grads=True), d.tensors, d.device, **hyper)
+early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+for groups in early_groups:
+    sums = kept.accumulate([s for s in samples if s.prompt_index in groups])
+    early = {k: early[k] + sums[k] for k in early}
+kept_stats = kept.train_step([rest], early)
+in_place = gap(weights(kept), reference)
+
+whole_again = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper)
+whole_stats = whole_again.train_step([samples])
+json.dump({"carried_gap": carried, "in_place_gap": in_place, "stored_tokens": stored_tokens,
+           "early_tokens": early["tokens"], "moved": gap(reference, weights(PolicyTrainer(
+               TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper))),
+           "stats": [stats, kept_stats, whole_stats]}, open(f"{out}/rank{d.rank}.json", "w"))
+shutdown_distributed(d)
