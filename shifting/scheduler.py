@@ -73,9 +73,8 @@ class RoundEnd:
         return self.store.check([self.key])
 
     def forget(self) -> None:
-        """Rank 0, once every rank has left the round: its key is no longer read."""
-        if self.store.check([self.key]):
-            self.store.delete_key(self.key)
+        """Rank 0, once every rank has left the round: its key, if set, is no longer read."""
+        self.store.delete_key(self.key)
 
 
 @dataclass
