@@ -107,6 +107,7 @@ class ParameterStorage:
         self.d = d
         self.slots, self.nbytes = plan_layout(shapes)
         self.slot = {s.name: s for s in self.slots}
+        self.index = {s.name: i for i, s in enumerate(self.slots)}
         run_id = [uuid.uuid4().hex[:12] if d.rank == 0 else None]
         dist.broadcast_object_list(run_id, src=0, group=d.control)
         self.path = f"/dev/shm/pivotrl-{run_id[0]}-node{d.node}-{model}"
@@ -171,14 +172,14 @@ class ParameterStorage:
         mine = [(name, first, self._fits(name, rows, first)) for name, rows, first in named_rows]
         for name, first, rows in mine:
             self.views[name][first:first + rows.shape[0]].copy_(rows)
-        claims = [None] * self.d.world_size  # per rank: (version, [(name, first, count)]), or None if it wrote nothing
-        dist.all_gather_object(claims, (version, [(name, first, rows.shape[0]) for name, first, rows in mine])
-                               if mine else None, group=self.d.control)
+        wrote = [None] * self.d.world_size  # per rank: (version, bytes), or None if it wrote nothing
+        size = sum(self._run(name, first, rows.shape[0])[1] for name, first, rows in mine)
+        dist.all_gather_object(wrote, (version, size) if mine else None, group=self.d.control)
         if self.d.peers is not None:
-            self._replicate(mine, claims)
-        versions = [claim[0] for claim in claims if claim is not None]
+            self._replicate(mine)
+        versions = [w[0] for w in wrote if w is not None]
         self._finish(max(versions) if versions else None)
-        sizes = [sum(self._run(*row)[1] for row in claim[1]) if claim else 0 for claim in claims]
+        sizes = [w[1] if w else 0 for w in wrote]
         node = sizes[self.d.node * self.d.local_world_size:(self.d.node + 1) * self.d.local_world_size]
         self._record(start, sum(sizes), local=sum(node), across_nodes=sum(sizes) * (self.nodes - 1))
 
@@ -195,15 +196,19 @@ class ParameterStorage:
         row = math.prod(slot.shape[1:]) * slot.dtype.itemsize
         return slot.offset + first * row, count * row
 
-    def _replicate(self, mine, claims) -> None:
-        """Every writer's rows into its peers' replicas: one writer at a time, its rows in pieces of at
-        most _PIECE bytes, each broadcast from a staging buffer on the device (NCCL takes device tensors)."""
+    def _replicate(self, mine) -> None:
+        """Every writer's rows into its peers' replicas. The peers learn which rows each writer holds
+        (slot index, first row, rows), then take each writer's rows in turn, in pieces of at most _PIECE
+        bytes, each broadcast from a staging buffer on the device (NCCL takes device tensors)."""
         d = self.d
-        for node in range(self.nodes):
-            writer = node * d.local_world_size + d.local_rank
-            if claims[writer] is None:
+        claims = [None] * self.nodes
+        dist.all_gather_object(claims, [(self.index[name], first, rows.shape[0]) for name, first, rows in mine],
+                               group=d.peers)
+        for node, claim in enumerate(claims):
+            runs = [self._run(self.slots[index].name, first, count) for index, first, count in claim]
+            if not sum(n for _, n in runs):
                 continue
-            runs = [self._run(*claim) for claim in claims[writer][1]]
+            writer = node * d.local_world_size + d.local_rank
             staged = torch.empty(min(_PIECE, sum(n for _, n in runs)), dtype=torch.uint8, device=d.device)
             if writer == d.rank:
                 sources = [as_bytes(rows, self.slot[name].dtype) for name, _, rows in mine]
