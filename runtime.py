@@ -55,8 +55,8 @@ def init_distributed() -> Dist:
 
 
 def _node_peers(local_rank: int, world_size: int, local_world_size: int):
-    """The group of this rank and its counterparts (same local rank) on every other node; None on one
-    node. Making a group is collective, so every rank makes every node's-counterparts group, in order."""
+    """The group of this rank and its counterparts (the same local rank) on the other nodes; None on one
+    node. Making a group is collective: every rank makes each local rank's group, in order, and keeps its own."""
     nodes = world_size // local_world_size
     if nodes == 1:
         return None

@@ -25,7 +25,7 @@ def torchrun(script, *args, nproc=2, timeout=600, restarts=0, env=None) -> subpr
     return proc
 
 
-def torchrun_nodes(script, *args, nodes=2, nproc=1, timeout=900, node_args=None, check=True,
+def torchrun_nodes(script, *args, nodes=2, nproc=1, timeout=600, node_args=None, check=True,
                    env=None) -> list[subprocess.CompletedProcess]:
     """Runs `script` as `nodes` torchrun agents on this machine started together, each one node of
     `nproc` ranks (`--nnodes`, `--node_rank`, `--master_addr=127.0.0.1`); `node_args[n]`: arguments for

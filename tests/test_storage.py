@@ -34,10 +34,11 @@ def test_shard_rows_match_fsdp2s_chunking(rows, count):
         assert list(range(first, stop)) == expected
 
 
-@pytest.mark.parametrize("nproc, nodes", [(2, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize("nproc, nodes", [(2, 1), (2, 2), (3, 3), (4, 2)])
 def test_every_replica_holds_exactly_what_was_written(tmp_path, nproc, nodes):
-    """Publishes where every rank, one rank, a few rows or no rank write, on one node, on two one-rank
-    nodes and on two nodes of two ranks: every replica bit-exact, and a row crosses to each other node once."""
+    """Publishes where every rank, one rank, a few rows or no rank write, on one node, on two and three
+    one-rank nodes and on two nodes of two ranks: every replica bit-exact, and a row crosses to each other
+    node once."""
     torchrun(ROOT / "tests/workers/storage_nodes.py", tmp_path, nodes, nproc=nproc)
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(nproc)]
     local = nproc // nodes
