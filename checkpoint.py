@@ -12,10 +12,12 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 import faults
+
+# Bytes per read or write: the state moves between disk and storage with no full copy of it in between.
+_CHUNK = 64 << 20
 
 # The flags a resumed run must share with the run it continues (--steps may grow).
 SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
@@ -39,17 +41,14 @@ def differing_flags(saved: dict, args) -> list[str]:
 
 def save(d, out: Path, steps_done: int, train_state, context, planner: dict | None = None) -> None:
     """Collective. Train ranks still holding their trainer first write its rows to storage; then rank 0
-    writes the node's copy of the state and what the planner has learned (`planner`, rank 0's)."""
-    holding = torch.tensor([int(context.trainer is not None)])
-    dist.all_reduce(holding, group=d.control)
-    if holding.item():
-        train_state.save(context.trainer)
+    writes its node's copy of the state and what the planner has learned (`planner`, rank 0's)."""
+    train_state.save(context.trainer)
     if d.rank == 0:
         root = out / "checkpoints"
         name = f"step-{steps_done:06d}"
         tmp = root / f".{name}.tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        _write(tmp / "state.bin", train_state.state.buffer.numpy().tobytes())
+        _write(tmp / "state.bin", memoryview(train_state.state.buffer.numpy()))
         _write(tmp / "meta.json", json.dumps({"steps_done": steps_done, "planner": planner}).encode())
         faults.point("checkpoint", d.rank)
         if (root / name).exists():  # renamed by a run killed before naming it in LATEST: never resumed from
@@ -60,19 +59,41 @@ def save(d, out: Path, steps_done: int, train_state, context, planner: dict | No
     dist.barrier(group=d.control)
 
 
+def every_node_sees(d, out: Path, checkpoint: dict | None) -> None:
+    """Collective: every rank must have found the same checkpoint to resume from. Rank 0 writes them and
+    each node's writer reads them back (`restore`), so --out must be one filesystem that all nodes share."""
+    seen = [None] * d.world_size
+    dist.all_gather_object(seen, checkpoint and checkpoint["folder"].name, group=d.control)
+    if len(set(seen)) > 1:
+        found = ", ".join(f"rank {rank}: {name or 'none'}" for rank, name in enumerate(seen))
+        raise SystemExit(f"--out {out}: the ranks see different checkpoints ({found}); checkpoints are written by "
+                         f"rank 0 and read on every node, so --out must be on a filesystem every node shares")
+
+
 def restore(d, checkpoint: dict, train_state) -> None:
-    """Collective: each node's writer fills its copy of the training state from the checkpoint."""
+    """Collective: each node's writer reads the checkpoint straight into its copy of the training state."""
     if d.local_rank == 0:
-        data = (checkpoint["folder"] / "state.bin").read_bytes()
-        if len(data) != train_state.state.nbytes:
-            raise SystemExit(f"{checkpoint['folder']}: the saved training state has {len(data)} bytes, this "
-                             f"policy's has {train_state.state.nbytes}: is --policy the checkpoint's model?")
-        train_state.state.buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        path = checkpoint["folder"] / "state.bin"
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != train_state.state.nbytes:
+                raise SystemExit(f"{checkpoint['folder']}: the saved training state has {size} bytes, this policy's "
+                                 f"has {train_state.state.nbytes}: is --policy the checkpoint's model?")
+            into = memoryview(train_state.state.buffer.numpy())
+            at = 0
+            while at < len(into):
+                read = f.readinto(into[at:at + _CHUNK])
+                if not read:
+                    raise SystemExit(f"{path}: ended after {at} of {size} bytes while being read")
+                at += read
     dist.barrier(group=d.control)
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
+def _write(path: Path, data) -> None:
+    """Writes `data` (bytes-like) in chunks from its own memory, then flushes it to disk."""
+    data = memoryview(data)
+    with open(path, "wb", buffering=0) as f:
+        at = 0
+        while at < len(data):
+            at += f.write(data[at:at + _CHUNK])  # an unbuffered write may take less than it is given
         os.fsync(f.fileno())

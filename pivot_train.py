@@ -254,6 +254,7 @@ def main(argv=None):
         if changed:
             sys.exit(f"--out {out} holds a run with other settings, so it cannot resume: " + "; ".join(changed))
     d = init_distributed()
+    checkpoint.every_node_sees(d, out, resume)
     start = resume["steps_done"] if resume else 0
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -313,6 +314,10 @@ def main(argv=None):
         record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
         record.update(timeline.close_step())
+        # Bytes and seconds of the storage's publishes since the last record (weights, training-state saves,
+        # gradients carried from an early train group).
+        record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
+                             **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
         log_step(d, out, record, board)
         log_samples(d, out, step, samples)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):

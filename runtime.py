@@ -18,6 +18,9 @@ class Dist:
     control: dist.ProcessGroup | None  # gloo: plans, small Python objects (None once shut down)
     tensors: dist.ProcessGroup | None  # NCCL on GPU, gloo on CPU: weights and gradients
     store: dist.Store | None = None  # the launch's key-value store: signals that must not wait for a collective
+    # This rank and the ranks of the same local index on the other nodes, on the tensor backend: the
+    # rows a rank writes to storage go to the other nodes' replicas here (None on one node).
+    peers: dist.ProcessGroup | None = None
 
     @property
     def node(self) -> int:
@@ -45,14 +48,29 @@ def init_distributed() -> Dist:
         store = _store()
         dist.init_process_group("gloo", **store)
         control = dist.group.WORLD
-    return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(),
-                local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), device=device,
-                control=control, tensors=dist.group.WORLD, store=store["store"])
+    world_size, local_world_size = dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"])
+    if world_size % local_world_size:
+        raise SystemExit(f"{world_size} ranks in all, {local_world_size} on this node: start every node with "
+                         f"the same --nproc_per_node")
+    return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=world_size,
+                local_world_size=local_world_size, device=device, control=control, tensors=dist.group.WORLD,
+                store=store["store"], peers=_node_peers(local_rank, world_size, local_world_size))
+
+
+def _node_peers(local_rank: int, world_size: int, local_world_size: int):
+    """The group of this rank and its counterparts (the same local rank) on the other nodes; None on one
+    node. Making a group is collective: every rank makes each local rank's group, in order, and keeps its own."""
+    nodes = world_size // local_world_size
+    if nodes == 1:
+        return None
+    groups = [dist.new_group([node * local_world_size + index for node in range(nodes)])
+              for index in range(local_world_size)]
+    return groups[local_rank]
 
 
 def shutdown_distributed(d: Dist) -> None:
     """Once every rank is here, destroys the groups and lets their worker threads go (holders of other
-    groups, such as a storage's writers or a trainer, must have dropped them before)."""
+    groups, such as a trainer's, must have dropped them before)."""
     # vLLM's engine tears the default group down with itself; only destroy what is left, once every rank
     # is here (a rank destroying its group while a peer still uses it can abort that peer).
     if dist.is_initialized():
@@ -62,7 +80,7 @@ def shutdown_distributed(d: Dist) -> None:
     # interpreter exits, a worker still releasing its last collective's tensors asks for the GIL
     # while the interpreter finalizes, and the process dies in std::terminate (seen about once in 15
     # launches). Dropping ours here joins them first.
-    d.control = d.tensors = d.store = None
+    d.control = d.tensors = d.store = d.peers = None
     gc.collect()
 
 

@@ -2,8 +2,10 @@
 
 Per node, each stored thing (the policy's published weights, the GenRM's weights, the policy's training
 state) is one flat buffer in host shared memory (/dev/shm) holding its latest version, so a node keeps
-one copy however many ranks it runs. Every node holds its own replica. The file is unlinked as soon as
-every local rank has mapped it, so nothing is left behind in /dev/shm, even by a run that crashes.
+one copy however many ranks it runs. Every node holds its own replica: a sharded publish sends each
+rank's rows to the other nodes once, over the tensor backend, from the rank that wrote them. The file is
+unlinked as soon as every local rank has mapped it, so nothing is left behind in /dev/shm, even by a run
+that crashes.
 
 Everything is stored full-shaped, never per rank: an FSDP2 rank writes and reads the rows of dim 0 that
 its Shard(0) holds (`shard_rows`) for whatever group it is in, so a train group that shrinks or grows
@@ -25,6 +27,10 @@ from runtime import Dist
 
 _ALIGN = 64
 _HEADER = 64  # bytes before the first tensor: the published version as int64
+# Rows cross nodes in pieces of at most this many bytes, so the staging buffer on each side stays small
+# (a 30B policy's training state is ~360 GB) while each piece is still large enough to run at link speed.
+_PIECE = 64 << 20
+TRAFFIC = ("publishes", "bytes", "bytes_local", "bytes_across_nodes", "seconds")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,45 @@ def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple
     return slots, offset
 
 
+def pieces(sizes: list[int], limit: int):
+    """The runs of bytes `sizes`, laid end to end, cut into pieces of at most `limit` bytes; yields each
+    piece as its (run, start, stop) byte ranges, in order. Empty runs appear in no piece."""
+    piece, room = [], limit
+    for run, size in enumerate(sizes):
+        at = 0
+        while at < size:
+            take = min(size - at, room)
+            piece.append((run, at, at + take))
+            at, room = at + take, room - take
+            if room == 0:
+                yield piece
+                piece, room = [], limit
+    if piece:
+        yield piece
+
+
+def pack(piece, sources: list[torch.Tensor], staged: torch.Tensor) -> None:
+    """The piece's byte ranges of `sources`, end to end into `staged`."""
+    at = 0
+    for run, begin, stop in piece:
+        staged[at:at + stop - begin].copy_(sources[run][begin:stop])
+        at += stop - begin
+
+
+def unpack(piece, staged: torch.Tensor, targets: list[torch.Tensor]) -> None:
+    """`staged`, end to end, into the piece's byte ranges of `targets` (pinned host memory on GPU: the
+    copies run asynchronously; the caller synchronizes)."""
+    at = 0
+    for run, begin, stop in piece:
+        targets[run][begin:stop].copy_(staged[at:at + stop - begin], non_blocking=True)
+        at += stop - begin
+
+
+def as_bytes(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`rows` in `dtype`, flat, viewed as bytes (a view when they are contiguous in that dtype already)."""
+    return rows.detach().to(dtype).contiguous().view(-1).view(torch.uint8)
+
+
 def shard_rows(rows: int, index: int, count: int) -> tuple[int, int]:
     """Rows [start, stop) of dim 0 held by shard `index` of `count` under FSDP2's Shard(0), which splits
     like torch.chunk: ceil-sized chunks, so the last shards may be shorter or empty."""
@@ -61,6 +106,8 @@ class ParameterStorage:
     def __init__(self, d: Dist, model: str, shapes: list[tuple[str, tuple[int, ...], torch.dtype]]):
         self.d = d
         self.slots, self.nbytes = plan_layout(shapes)
+        self.slot = {s.name: s for s in self.slots}
+        self.index = {s.name: i for i, s in enumerate(self.slots)}
         run_id = [uuid.uuid4().hex[:12] if d.rank == 0 else None]
         dist.broadcast_object_list(run_id, src=0, group=d.control)
         self.path = f"/dev/shm/pivotrl-{run_id[0]}-node{d.node}-{model}"
@@ -80,12 +127,8 @@ class ParameterStorage:
         self._version = self.buffer[:8].view(torch.int64)
         self.views = {s.name: self._view(self.buffer, s) for s in self.slots}
         self.device_buffer, self.device_views = None, {}
-        # Each node's writer (local rank 0) joins the others to replicate a sharded publish across
-        # nodes; new_group is collective, so every rank takes part in making it.
-        nodes = d.world_size // d.local_world_size
-        self.writers = (dist.new_group([n * d.local_world_size for n in range(nodes)], backend="gloo")
-                        if nodes > 1 else None)
         self.last_publish, self.last_load = {}, {}
+        self._traffic = dict.fromkeys(TRAFFIC, 0)
 
     @staticmethod
     def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
@@ -95,54 +138,115 @@ class ParameterStorage:
     def version(self) -> int:
         return int(self._version.item())
 
+    @property
+    def nodes(self) -> int:
+        return self.d.world_size // self.d.local_world_size
+
     def publish(self, named_tensors, version: int) -> None:
-        """Collective over all ranks: each node's local rank 0 writes the full tensors it is handed.
+        """Collective over all ranks: each node's local rank 0 writes the full tensors it is handed (each
+        node reads its own, nothing crosses nodes); a node whose writer is handed nothing keeps what it had.
 
         `named_tensors` is iterated on every rank (it may gather shards, which is collective)."""
-        start, moved = time.perf_counter(), 0
+        start, written = time.perf_counter(), 0
         # No rank may still be reading the previous version while it is overwritten.
         dist.barrier(group=self.d.control)
         for name, tensor in named_tensors:
             if self.d.local_rank == 0:
                 self.views[name].copy_(tensor)
-                moved += tensor.numel() * tensor.element_size()
-        self._finish(version)
-        self.last_publish = {"version": version, "bytes": moved, "seconds": time.perf_counter() - start}
+                written += tensor.numel() * tensor.element_size()
+        self._finish(version if written else None)
+        self._record(start, written, local=written, across_nodes=0)
 
     def publish_shards(self, named_rows, version: int) -> None:
-        """Collective over all ranks: each rank writes the rows it holds, `(name, rows, first_row)`
-        (ranks that hold nothing pass an empty list), and every row of every slot must be written by
-        exactly one rank in the world. The highest version any rank passes becomes the stored one.
+        """Collective over all ranks: each rank writes the rows it holds, `(name, rows, first_row)`, or
+        nothing (an empty list); no two ranks write the same row. Afterwards every node's replica holds
+        every rank's rows, and rows that no rank wrote hold what they held before. The highest version a
+        writing rank passes becomes the stored one: a publish in which no rank writes changes nothing.
 
-        On one node the ranks write straight into the shared buffer: no gather, no extra copy. Across
-        nodes each node's writer zeroes its replica first and the writers then sum their replicas
-        bitwise (as int32, so x + 0 is x exactly, whatever the dtype)."""
-        start, moved = time.perf_counter(), 0
-        dist.barrier(group=self.d.control)
-        if self.writers is not None:
-            if self.d.local_rank == 0:
-                self.buffer[_HEADER:].zero_()
-            dist.barrier(group=self.d.control)
-        for name, rows, first in named_rows:
+        Each rank writes its rows straight into its node's shared buffer; on one node that is all (no
+        gather, no extra copy). Across nodes each rank then broadcasts its rows to its peers (the ranks of
+        its local index on the other nodes, `Dist.peers`) over the tensor backend, and they write them into
+        their nodes' buffers: a row crosses to each other node once, from the rank that wrote it."""
+        start = time.perf_counter()
+        dist.barrier(group=self.d.control)  # no rank may still be reading rows about to change
+        mine = [(name, first, self._fits(name, rows, first)) for name, rows, first in named_rows]
+        for name, first, rows in mine:
             self.views[name][first:first + rows.shape[0]].copy_(rows)
-            moved += rows.numel() * rows.element_size()
-        latest = torch.tensor([version])
-        dist.all_reduce(latest, op=dist.ReduceOp.MAX, group=self.d.control)
-        if self.writers is not None:
-            dist.barrier(group=self.d.control)
-            if self.d.local_rank == 0:
-                dist.all_reduce(self.buffer[_HEADER:].view(torch.int32), group=self.writers)
-        self._finish(int(latest.item()))
-        self.last_publish = {"version": int(latest.item()), "bytes": moved,
-                             "seconds": time.perf_counter() - start}
+        wrote = [None] * self.d.world_size  # per rank: (version, bytes), or None if it wrote nothing
+        size = sum(self._run(name, first, rows.shape[0])[1] for name, first, rows in mine)
+        dist.all_gather_object(wrote, (version, size) if mine else None, group=self.d.control)
+        if self.d.peers is not None:
+            self._replicate(mine)
+        versions = [w[0] for w in wrote if w is not None]
+        self._finish(max(versions) if versions else None)
+        sizes = [w[1] if w else 0 for w in wrote]
+        node = sizes[self.d.node * self.d.local_world_size:(self.d.node + 1) * self.d.local_world_size]
+        self._record(start, sum(sizes), local=sum(node), across_nodes=sum(sizes) * (self.nodes - 1))
 
-    def _finish(self, version: int) -> None:
-        if self.d.local_rank == 0:
+    def _fits(self, name: str, rows: torch.Tensor, first: int) -> torch.Tensor:
+        slot = self.slot[name]
+        if tuple(rows.shape[1:]) != slot.shape[1:] or not 0 <= first <= first + rows.shape[0] <= slot.shape[0]:
+            raise ValueError(f"{name}: rows {first}..{first + rows.shape[0]} of shape {tuple(rows.shape)} do not "
+                             f"fit its stored shape {slot.shape}")
+        return rows
+
+    def _run(self, name: str, first: int, count: int) -> tuple[int, int]:
+        """Where rows [first, first + count) of `name` lie in the buffer: (byte offset, bytes)."""
+        slot = self.slot[name]
+        row = math.prod(slot.shape[1:]) * slot.dtype.itemsize
+        return slot.offset + first * row, count * row
+
+    def _replicate(self, mine) -> None:
+        """Every writer's rows into its peers' replicas. The peers learn which rows each writer holds
+        (slot index, first row, rows), then take each writer's rows in turn, in pieces of at most _PIECE
+        bytes, each broadcast from a staging buffer on the device (NCCL takes device tensors)."""
+        d = self.d
+        claims = [None] * self.nodes
+        dist.all_gather_object(claims, [(self.index[name], first, rows.shape[0]) for name, first, rows in mine],
+                               group=d.peers)
+        for node, claim in enumerate(claims):
+            runs = [self._run(self.slots[index].name, first, count) for index, first, count in claim]
+            if not sum(n for _, n in runs):
+                continue
+            writer = node * d.local_world_size + d.local_rank
+            staged = torch.empty(min(_PIECE, sum(n for _, n in runs)), dtype=torch.uint8, device=d.device)
+            if writer == d.rank:
+                sources = [as_bytes(rows, self.slot[name].dtype) for name, _, rows in mine]
+            else:
+                targets = [self.buffer[offset:offset + n] for offset, n in runs]
+            for piece in pieces([n for _, n in runs], _PIECE):
+                part = staged[:sum(stop - begin for _, begin, stop in piece)]
+                if writer == d.rank:
+                    pack(piece, sources, part)
+                dist.broadcast(part, src=writer, group=d.peers)
+                if writer != d.rank:
+                    unpack(piece, part, targets)
+        if d.device.type == "cuda":
+            torch.cuda.synchronize()  # the copies out of the staging buffer ran asynchronously
+
+    def _finish(self, version: int | None) -> None:
+        """Ends a publish: the new version (None: nothing was written, the stored one stays) is set once
+        every rank's rows are in, and followed by the device copy."""
+        if self.d.local_rank == 0 and version is not None:
             self._version.fill_(version)
             if self.device_buffer is not None:
                 self.device_buffer.copy_(self.buffer, non_blocking=True)
                 torch.cuda.synchronize()
         dist.barrier(group=self.d.control)
+
+    def _record(self, start: float, written: int, local: int, across_nodes: int) -> None:
+        """last_publish: bytes into each replica, of them written by this node's own ranks, bytes that
+        crossed between nodes (all nodes together), this rank's seconds; added to the traffic tally."""
+        self.last_publish = {"version": self.version, "bytes": written, "bytes_local": local,
+                             "bytes_across_nodes": across_nodes, "seconds": time.perf_counter() - start}
+        self._traffic["publishes"] += 1
+        for key in TRAFFIC[1:]:
+            self._traffic[key] += self.last_publish[key]
+
+    def traffic(self) -> dict:
+        """The publishes since the last call and their `last_publish` figures, summed."""
+        taken, self._traffic = self._traffic, dict.fromkeys(TRAFFIC, 0)
+        return taken
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Zero-copy views of the published version, in layout order: the device copy's when there is
@@ -179,7 +283,7 @@ class ParameterStorage:
         if self.buffer is not None and torch.cuda.is_available():
             torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr()))
         self.views, self.buffer, self._version = {}, None, None
-        self.device_views, self.device_buffer, self.writers = {}, None, None
+        self.device_views, self.device_buffer = {}, None
 
 
 def export_cuda(tensor: torch.Tensor):
@@ -269,12 +373,12 @@ class TrainState:
 
     def save(self, trainer) -> None:
         """Collective over all ranks: each train rank writes its rows (`PolicyTrainer.state_rows`);
-        ranks outside the train group pass None."""
+        ranks outside the train group pass None and write nothing."""
         self.state.publish_shards([] if trainer is None else trainer.state_rows(),
-                                  -1 if trainer is None else trainer.steps)
+                                  self.state.version if trainer is None else trainer.steps)
         if self.partial is not None:
             self.partial.publish_shards([] if trainer is None else trainer.grad_rows(),
-                                        -1 if trainer is None else trainer.steps)
+                                        self.partial.version if trainer is None else trainer.steps)
 
     def publish_weights(self, policy: ParameterStorage, version: int) -> None:
         """Collective: publishes the stored master weights, cast to the policy storage's dtype."""

@@ -79,7 +79,9 @@ class RoleContext:
             if moving and old != "train":
                 self.engines[old].drain()
         with stage(seconds, "offload"):
-            if regroup:  # every rank takes part; the train ranks write their rows
+            # Every rank takes part; the train ranks write their rows. With no train rank yet there is
+            # nothing to save (and a save in which no rank writes leaves storage as it is).
+            if regroup and train_ranks(self.roles):
                 self.train_state.save(self.trainer)
             if moving:
                 self._offload(old)

@@ -1,6 +1,9 @@
+import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,88 @@ def torchrun(script, *args, nproc=2, timeout=600, restarts=0, env=None) -> subpr
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}")
     return proc
+
+
+def torchrun_nodes(script, *args, nodes=2, nproc=1, timeout=600, node_args=None, check=True,
+                   env=None) -> list[subprocess.CompletedProcess]:
+    """Runs `script` as `nodes` torchrun agents on this machine started together, each one node of
+    `nproc` ranks (`--nnodes`, `--node_rank`, `--master_addr=127.0.0.1`); `node_args[n]`: arguments for
+    node n alone. With `check`, fails the test with the output's tail of an agent that failed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    agents = []
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node_rank={node}",
+               f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}", str(script),
+               *map(str, args), *map(str, (node_args or {}).get(node, []))]
+        log = tempfile.TemporaryFile("w+")  # not a pipe: an agent blocked on a full pipe would stall the other
+        agents.append((cmd, log, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  text=True)))
+    done = []
+    for cmd, log, agent in agents:
+        try:
+            agent.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for *_, other in agents:
+                other.terminate()  # torchrun stops its workers on SIGTERM
+                other.wait()
+            raise
+        log.seek(0)
+        done.append(subprocess.CompletedProcess(cmd, agent.returncode, log.read(), ""))
+        log.close()
+    failed = [p for p in done if p.returncode != 0]
+    if check and failed:
+        pytest.fail(f"{' '.join(failed[0].args)} exited {failed[0].returncode}\n{failed[0].stdout[-6000:]}")
+    return done
+
+
+# Small runs of pivot_train.py, a checkpoint every step, in the placements whose schedule depends on the
+# seed alone (with their world sizes): the runs that a resumed, restarted or several-node run must equal.
+STEPS = 3
+SMALL = ["--prompts-per-step", 4, "--group-size", 4, "--eval-every", 100, "--eval-prompts", 8,
+         "--checkpoint-every", 1]
+FINAL = f"checkpoints/step-{STEPS:06d}/state.bin"
+PLACEMENTS = {
+    "colocated": ([], 2),
+    "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
+    "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"], 3),
+}
+
+
+def run(out, placement, *, steps=STEPS, nodes=1, **kw):
+    """A small run of `placement` into `out`, on one node or on `nodes` agents sharing its ranks."""
+    flags, nproc = PLACEMENTS[placement]
+    args = ["--steps", steps, "--out", out, *SMALL, *flags]
+    if nodes == 1:
+        return torchrun(ROOT / "pivot_train.py", *args, nproc=nproc, **kw)
+    return torchrun_nodes(ROOT / "pivot_train.py", *args, nodes=nodes, nproc=nproc // nodes, **kw)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def same_run(a, b):
+    """Run b ended as run a: the same final training state bit for bit, rewards and eval accuracy."""
+    assert (a / FINAL).read_bytes() == (b / FINAL).read_bytes()
+    assert [r["step"] for r in metrics(b)] == list(range(STEPS + 1))
+    assert [r.get("reward_mean") for r in metrics(a)] == [r.get("reward_mean") for r in metrics(b)]
+    assert metrics(a)[-1]["eval_accuracy"] == metrics(b)[-1]["eval_accuracy"]
+
+
+@pytest.fixture(scope="session")
+def whole(tmp_path_factory):
+    """The uninterrupted one-node run of a placement, made on first use."""
+    made = {}
+
+    def get(placement):
+        if placement not in made:
+            made[placement] = tmp_path_factory.mktemp(placement) / "run"
+            run(made[placement], placement)
+        return made[placement]
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -10,18 +10,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, torchrun
+from conftest import ROOT, SMALL, STEPS, metrics, run, same_run, torchrun
 
-STEPS = 3
-SMALL = ["--prompts-per-step", 4, "--group-size", 4, "--eval-every", 100, "--eval-prompts", 8,
-         "--checkpoint-every", 1]
-FINAL = f"checkpoints/step-{STEPS:06d}/state.bin"
-# The placements whose schedule depends on the seed alone, and their world sizes.
-PLACEMENTS = {
-    "colocated": ([], 2),
-    "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
-    "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"], 3),
-}
 _pick = random.Random()
 # (placement, rank, point, how many times that rank surely passes the point in the run)
 KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "genrm", 30), ("colocated", 1, "train", STEPS),
@@ -29,36 +19,6 @@ KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "genrm", 30), ("coloc
 KILL_PARAMS = [pytest.param(placement, spec, id=f"{placement}-{spec}")
                for placement, rank, point, passes in KILLS
                for spec in [f"{rank}:{point}:{_pick.randint(1, passes)}"]]
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def run(out, placement, **kw):
-    flags, nproc = PLACEMENTS[placement]
-    return torchrun(ROOT / "pivot_train.py", "--steps", kw.pop("steps", STEPS), "--out", out, *SMALL, *flags,
-                    nproc=nproc, **kw)
-
-
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    """The uninterrupted run of a placement, made on first use."""
-    made = {}
-
-    def get(placement):
-        if placement not in made:
-            made[placement] = tmp_path_factory.mktemp(placement) / "run"
-            run(made[placement], placement)
-        return made[placement]
-    return get
-
-
-def same_run(a, b):
-    assert (a / FINAL).read_bytes() == (b / FINAL).read_bytes()
-    assert [r["step"] for r in metrics(b)] == list(range(STEPS + 1))
-    assert [r.get("reward_mean") for r in metrics(a)] == [r.get("reward_mean") for r in metrics(b)]
-    assert metrics(a)[-1]["eval_accuracy"] == metrics(b)[-1]["eval_accuracy"]
 
 
 def restarted(proc) -> str:

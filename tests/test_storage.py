@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, torchrun
-from storage import plan_layout, shard_rows
+from storage import pieces, plan_layout, shard_rows
 
 
 def test_layout_is_aligned_and_disjoint():
@@ -34,14 +34,34 @@ def test_shard_rows_match_fsdp2s_chunking(rows, count):
         assert list(range(first, stop)) == expected
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_sharded_publish_fills_every_node_replica(tmp_path, nodes):
-    torchrun(ROOT / "tests/workers/storage_nodes.py", tmp_path, nodes)
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [r["node"] for r in results] == ([0, 0] if nodes == 1 else [0, 1])
-    assert all(r["ok"] == [True, True] for r in results)
+@pytest.mark.parametrize("nproc, nodes", [(2, 1), (2, 2), (3, 3), (4, 2)])
+def test_every_replica_holds_exactly_what_was_written(tmp_path, nproc, nodes):
+    """Publishes where every rank, one rank, a few rows or no rank write, on one node, on two and three
+    one-rank nodes and on two nodes of two ranks: every replica bit-exact, and a row crosses to each other
+    node once."""
+    torchrun(ROOT / "tests/workers/storage_nodes.py", tmp_path, nodes, nproc=nproc)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+    local = nproc // nodes
+    assert [r["node"] for r in ranks] == [rank // local for rank in range(nproc)]
+    for r in ranks:
+        assert [(p["what"], p["exact"], p["version_ok"]) for p in r["publishes"]] == \
+            [(p["what"], True, True) for p in r["publishes"]]
+    for p in (p for r in ranks for p in r["publishes"]):
+        assert p["bytes"] == p["expected_bytes"] and p["bytes_across_nodes"] == p["bytes"] * (nodes - 1), p
+    for i, p in enumerate(ranks[0]["publishes"]):  # what the nodes' own ranks wrote adds up to the publish
+        assert sum(ranks[node * local]["publishes"][i]["bytes_local"] for node in range(nodes)) == p["bytes"]
+    assert [p["bytes"] == 0 for p in ranks[0]["publishes"]] == [p["what"] == "no rank writes"
+                                                               for p in ranks[0]["publishes"]]
 
 
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 50), max_size=8), limit=st.integers(1, 40))
+def test_pieces_cover_every_byte_once_within_the_limit(sizes, limit):
+    cut = list(pieces(sizes, limit))
+    assert all(0 < sum(stop - start for _, start, stop in piece) <= limit for piece in cut)
+    assert all(sum(stop - start for _, start, stop in piece) == limit for piece in cut[:-1])
+    laid_out = [(run, byte) for piece in cut for run, start, stop in piece for byte in range(start, stop)]
+    assert laid_out == [(run, byte) for run, size in enumerate(sizes) for byte in range(size)]
 def test_one_copy_per_node_whatever_the_local_ranks(tmp_path):
     """Resident memory of the storage summed over a node's ranks (Pss) is one copy, for 1 rank or 2."""
     totals = {}
