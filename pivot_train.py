@@ -34,7 +34,9 @@ import torch.distributed as dist
 
 import checkpoint
 import faults
+import report
 from planner import parse_split
+from roles import logs
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
@@ -110,6 +112,8 @@ def parse_args(argv=None):
                         "command again resumes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show vLLM's progress notes and the warnings known to be harmless here (roles/logs.py)")
     # dry run
     p.add_argument("--dry-run", action="store_true",
                    help="check the configuration for --world-size ranks and print each role's memory; loads no weights")
@@ -229,6 +233,7 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
 
 def main(argv=None):
     args = parse_args(argv)
+    logs.configure(args.verbose)
     template = check_config(args)
     policy_tok, genrm_tok = load_tokenizer(args, "policy"), load_tokenizer(args, "genrm")
     check_tokenizers(args, template, policy_tok, genrm_tok)
@@ -293,7 +298,7 @@ def main(argv=None):
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
-            log_step(d, out, record, board)
+            log_step(d, out, record, board, args.steps)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
@@ -306,14 +311,15 @@ def main(argv=None):
         record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
         record.update(timeline.close_step())
-        log_step(d, out, record, board)
+        log_step(d, out, record, board, args.steps)
         log_samples(d, out, step, samples)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
             checkpoint.save(d, out, step + 1, train_state, context, placement.state())
 
     timeline.draw()
-    if board is not None:
+    if d.rank == 0:
         board.close()
+        report.finish(out)
     for held in (storage, genrm_storage, train_state):
         held.close()
     del context, rollout_engine, genrm  # the engines must go before the process group they use
@@ -473,21 +479,17 @@ def scalars(record: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-def log_step(d: Dist, out: Path, record: dict, board) -> None:
+def log_step(d: Dist, out: Path, record: dict, board, steps: int) -> None:
     if d.rank != 0:
         return
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     for tag, value in scalars(record).items():
         board.add_scalar(tag, value, record["step"])
-    parts = [f"step {record['step']}"]
-    if "reward_mean" in record:
-        busy = record["busy_s"]
-        parts += [f"reward {record['reward_mean']:.3f}", f"{record['samples_per_s']:.1f} samples/s",
-                  f"{record['step_time_s']:.1f}s (" + " ".join(f"{k} {v:.1f}" for k, v in busy.items()) + ")"]
     if "eval_accuracy" in record:
-        parts += [f"eval {record['eval_accuracy']:.3f}", f"judge agreement {record['genrm_agreement']:.3f}"]
-    print(" | ".join(parts), flush=True)
+        print(report.eval_line(record), flush=True)
+    if "reward_mean" in record:
+        print(report.step_line(record, steps), flush=True)
 
 
 if __name__ == "__main__":
