@@ -24,6 +24,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import argparse
 import gc
 import json
+import math
 import string
 import sys
 import time
@@ -52,6 +53,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # model
     p.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
@@ -121,7 +126,39 @@ def parse_args(argv=None):
     p.add_argument("--nproc-per-node", type=int, default=8, help="with --dry-run: ranks (devices) per node")
     p.add_argument("--device-memory-gib", type=float, default=None,
                    help="with --dry-run: fail if a device would need more than this")
-    return p.parse_args(argv)
+    return p
+
+
+# Every numeric flag: (flag, what a usable value satisfies, the rule and why, as the error says it).
+NUMBER_RULES = [
+    ("max_model_len", lambda v: v >= 2, "at least 2: a prompt token and a response token"),
+    ("eval_split", lambda v: 0 <= v < 1, "in [0, 1): the fraction of --data held out (0: use --eval-data)"),
+    ("eval_every", lambda v: v >= 1, "at least 1 (steps between evaluations)"),
+    ("eval_prompts", lambda v: v >= 1, "at least 1 (held-out prompts per evaluation)"),
+    ("prompts_per_step", lambda v: v >= 1, "at least 1"),
+    ("group_size", lambda v: v >= 2, "at least 2: GRPO compares a group's responses"),
+    ("temperature", lambda v: v > 0, "above 0: the policy samples at it and the trainer divides its logits by "
+                                     "it (1.0 samples the policy as it is)"),
+    ("max_response_tokens", lambda v: v >= 1, "at least 1"),
+    ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
+    ("lr", lambda v: v > 0, "above 0 (AdamW's learning rate, e.g. 5e-4)"),
+    ("weight_decay", lambda v: v >= 0, "0 or more (AdamW's decoupled weight decay; 0: none)"),
+    ("grad_clip", lambda v: v > 0, "above 0 (the largest gradient norm an update takes, e.g. 1.0)"),
+    ("clip_eps", lambda v: 0 < v < 1, "in (0, 1): PPO keeps the ratio within [1 - eps, 1 + eps], e.g. 0.2"),
+    ("kl_coef", lambda v: v >= 0, "0 or more (0: no KL penalty to the initial policy)"),
+    ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
+    ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
+    ("force_shift_rate", lambda v: 0 <= v <= 1, "in [0, 1]: the chance of a forced move at each engine step"),
+    ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of KV cache per engine)"),
+    ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
+    ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
+    ("steps", lambda v: v >= 0, "0 or more"),
+    ("checkpoint_every", lambda v: v >= 0, "0 or more (0: no checkpoints)"),
+    ("seed", lambda v: v >= 0, "0 or more (numpy's seed sequences take no negative seed)"),
+    ("world_size", lambda v: v >= 1, "at least 1 (the ranks --dry-run plans for)"),
+    ("nproc_per_node", lambda v: v >= 1, "at least 1 (ranks per node, for --dry-run)"),
+    ("device_memory_gib", lambda v: v > 0, "above 0 (GiB of one device, for --dry-run)"),
+]
 
 
 def check_config(args) -> str:
@@ -129,12 +166,14 @@ def check_config(args) -> str:
     for flag in ("policy", "genrm"):
         if not (Path(getattr(args, flag)) / "config.json").is_file():
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
-    for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
-                      ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
-                      ("max_seqs", 1), ("round_steps", 1), ("checkpoint_every", 0)):
-        if getattr(args, flag) < low:
-            sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
-                     if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
+    for flag, holds, rule in NUMBER_RULES:
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and holds(value)):
+            sys.exit(f"--{flag.replace('_', '-')} must be {rule}; got {value}")
+    if not args.answer_marker:
+        sys.exit("--answer-marker must not be empty: eval_accuracy reads the answer after its last occurrence")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        sys.exit(f"--out {args.out} is a file: pass a directory for the run's files")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
     if args.dry_run != (args.world_size is not None):
