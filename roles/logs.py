@@ -93,9 +93,14 @@ def _install() -> None:
         loggers.setdefault(name, []).append(pattern)
     for name, patterns in loggers.items():
         logging.getLogger(name).addFilter(_KnownWarnings(patterns))
+    _ignore_python_warnings()
+
+
+def _ignore_python_warnings() -> None:
     for category, message in KNOWN_PYTHON_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category)
-        _python_filters.append(warnings.filters[0])
+        warnings.filterwarnings("ignore", message=message, category=category)  # replaces an equal entry
+        if warnings.filters[0] not in _python_filters:
+            _python_filters.append(warnings.filters[0])
 
 
 def configure(verbose: bool) -> None:
@@ -110,6 +115,7 @@ def configure(verbose: bool) -> None:
         for record in held:
             logging.getLogger(record.name).handle(record)
     else:
+        _ignore_python_warnings()
         from transformers.utils import logging as transformers_logging
         transformers_logging.disable_progress_bar()  # "Loading weights" as each trainer is built
 
