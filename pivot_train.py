@@ -378,16 +378,16 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
     seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
-    counts = [(queues.parse_failures, queues.migrated, queues.engine_metrics()) if queues else None]
+    counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics()) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, migrated, engines = counts[0]
+    failures, judged, migrated, engines = counts[0]
     # What every rank waited for beyond the busiest rank's engine steps, the plan and the shifts: the
     # rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_engine_s"] - engines["plan_s"] - engines["rollout_judge_shift_s"]
     return samples, {"shifts": shifts, "migrated_sequences": migrated,
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                      "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
-                     "genrm_parse_failures": failures, **engines}
+                     "genrm_parse_failures": failures, "genrm_requests": judged, **engines}
 
 
 def to_train(context: RoleContext, placement: Placement) -> list[dict]:
