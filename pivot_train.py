@@ -24,6 +24,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import argparse
 import gc
 import json
+import math
 import string
 import sys
 import time
@@ -34,7 +35,9 @@ import torch.distributed as dist
 
 import checkpoint
 import faults
+import report
 from planner import parse_split
+from roles import logs
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
@@ -51,6 +54,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # model
     p.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
@@ -115,6 +122,8 @@ def parse_args(argv=None):
                         "command again resumes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show vLLM's progress notes and the warnings known to be harmless here (roles/logs.py)")
     # dry run
     p.add_argument("--dry-run", action="store_true",
                    help="check the configuration for --world-size ranks and print each role's memory; loads no weights")
@@ -122,7 +131,39 @@ def parse_args(argv=None):
     p.add_argument("--nproc-per-node", type=int, default=8, help="with --dry-run: ranks (devices) per node")
     p.add_argument("--device-memory-gib", type=float, default=None,
                    help="with --dry-run: fail if a device would need more than this")
-    return p.parse_args(argv)
+    return p
+
+
+# Every numeric flag: (flag, what a usable value satisfies, the rule and why, as the error says it).
+NUMBER_RULES = [
+    ("max_model_len", lambda v: v >= 2, "at least 2: a prompt token and a response token"),
+    ("eval_split", lambda v: 0 <= v < 1, "in [0, 1): the fraction of --data held out (0: use --eval-data)"),
+    ("eval_every", lambda v: v >= 1, "at least 1 (steps between evaluations)"),
+    ("eval_prompts", lambda v: v >= 1, "at least 1 (held-out prompts per evaluation)"),
+    ("prompts_per_step", lambda v: v >= 1, "at least 1"),
+    ("group_size", lambda v: v >= 2, "at least 2: GRPO compares a group's responses"),
+    ("temperature", lambda v: v > 0, "above 0: the policy samples at it and the trainer divides its logits by "
+                                     "it (1.0 samples the policy as it is)"),
+    ("max_response_tokens", lambda v: v >= 1, "at least 1"),
+    ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
+    ("lr", lambda v: v > 0, "above 0 (AdamW's learning rate, e.g. 5e-4)"),
+    ("weight_decay", lambda v: v >= 0, "0 or more (AdamW's decoupled weight decay; 0: none)"),
+    ("grad_clip", lambda v: v > 0, "above 0 (the largest gradient norm an update takes, e.g. 1.0)"),
+    ("clip_eps", lambda v: 0 < v < 1, "in (0, 1): PPO keeps the ratio within [1 - eps, 1 + eps], e.g. 0.2"),
+    ("kl_coef", lambda v: v >= 0, "0 or more (0: no KL penalty to the initial policy)"),
+    ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
+    ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
+    ("force_shift_rate", lambda v: 0 <= v <= 1, "in [0, 1]: the chance of a forced move at each engine step"),
+    ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of KV cache per engine)"),
+    ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
+    ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
+    ("steps", lambda v: v >= 0, "0 or more"),
+    ("checkpoint_every", lambda v: v >= 0, "0 or more (0: no checkpoints)"),
+    ("seed", lambda v: v >= 0, "0 or more (numpy's seed sequences take no negative seed)"),
+    ("world_size", lambda v: v >= 1, "at least 1 (the ranks --dry-run plans for)"),
+    ("nproc_per_node", lambda v: v >= 1, "at least 1 (ranks per node, for --dry-run)"),
+    ("device_memory_gib", lambda v: v > 0, "above 0 (GiB of one device, for --dry-run)"),
+]
 
 
 def check_config(args) -> str:
@@ -130,12 +171,14 @@ def check_config(args) -> str:
     for flag in ("policy", "genrm"):
         if not (Path(getattr(args, flag)) / "config.json").is_file():
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
-    for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
-                      ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
-                      ("max_seqs", 1), ("round_steps", 1), ("checkpoint_every", 0)):
-        if getattr(args, flag) < low:
-            sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
-                     if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
+    for flag, holds, rule in NUMBER_RULES:
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and holds(value)):
+            sys.exit(f"--{flag.replace('_', '-')} must be {rule}; got {value}")
+    if not args.answer_marker:
+        sys.exit("--answer-marker must not be empty: eval_accuracy reads the answer after its last occurrence")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        sys.exit(f"--out {args.out} is a file: pass a directory for the run's files")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
     if args.dry_run != (args.world_size is not None):
@@ -234,6 +277,7 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
 
 def main(argv=None):
     args = parse_args(argv)
+    logs.configure(args.verbose)
     template = check_config(args)
     policy_tok, genrm_tok = load_tokenizer(args, "policy"), load_tokenizer(args, "genrm")
     check_tokenizers(args, template, policy_tok, genrm_tok)
@@ -301,7 +345,7 @@ def main(argv=None):
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
-            log_step(d, out, record, board)
+            log_step(d, out, record, board, args.steps)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
@@ -318,14 +362,15 @@ def main(argv=None):
         # gradients carried from an early train group).
         record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
-        log_step(d, out, record, board)
+        log_step(d, out, record, board, args.steps)
         log_samples(d, out, step, samples)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
             checkpoint.save(d, out, step + 1, train_state, context, placement.state())
 
     timeline.draw()
-    if board is not None:
+    if d.rank == 0:
         board.close()
+        report.finish(out)
     for held in (storage, genrm_storage, train_state):
         held.close()
     del context, rollout_engine, genrm  # the engines must go before the process group they use
@@ -346,16 +391,17 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
     seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
-    counts = [(queues.parse_failures, queues.migrated, queues.engine_metrics(), queues.train_per_s) if queues else None]
+    counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics(),
+               queues.train_per_s) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, migrated, engines, placement.train_per_s = counts[0]
+    failures, judged, migrated, engines, placement.train_per_s = counts[0]
     # What every rank waited for beyond the busiest rank's work, the plan and the shifts: the rounds'
     # exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"] - engines["rollout_judge_shift_s"]
     return samples, early, {"shifts": shifts, "migrated_sequences": migrated,
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                      "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
-                     "genrm_parse_failures": failures, **engines}
+                     "genrm_parse_failures": failures, "genrm_requests": judged, **engines}
 
 
 def to_train(context: RoleContext, placement: Placement) -> list[dict]:
@@ -397,15 +443,15 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
     judge's verdict agrees with that check. Every rank answers, then every rank judges, each in that
     role (on GPU the other engine is asleep); the ranks then go back to the roles they held."""
     held = list(context.roles)
-    context.apply(["rollout"] * d.world_size)
+    shifts = context.apply(["rollout"] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
     responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
-    context.apply(["genrm"] * d.world_size)
+    shifts += context.apply(["genrm"] * d.world_size)
     genrm.judge(samples, step)
-    context.apply(held)
+    shifts += context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
     rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
              None if (reward := genrm.parse(s.critique)) is None else reward >= 0.5) for s in samples]
@@ -420,7 +466,7 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
         confusion[key] += 1
     agree = confusion["judge_correct_ref_correct"] + confusion["judge_wrong_ref_wrong"]
     return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), "genrm_agreement": agree / len(rows),
-            "genrm_confusion": confusion}
+            "genrm_confusion": confusion, "eval_shifts": shifts}
 
 
 def final_answer(response: str, marker: str) -> str | None:
@@ -492,21 +538,17 @@ def scalars(record: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-def log_step(d: Dist, out: Path, record: dict, board) -> None:
+def log_step(d: Dist, out: Path, record: dict, board, steps: int) -> None:
     if d.rank != 0:
         return
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     for tag, value in scalars(record).items():
         board.add_scalar(tag, value, record["step"])
-    parts = [f"step {record['step']}"]
-    if "reward_mean" in record:
-        busy = record["busy_s"]
-        parts += [f"reward {record['reward_mean']:.3f}", f"{record['samples_per_s']:.1f} samples/s",
-                  f"{record['step_time_s']:.1f}s (" + " ".join(f"{k} {v:.1f}" for k, v in busy.items()) + ")"]
     if "eval_accuracy" in record:
-        parts += [f"eval {record['eval_accuracy']:.3f}", f"judge agreement {record['genrm_agreement']:.3f}"]
-    print(" | ".join(parts), flush=True)
+        print(report.eval_line(record), flush=True)
+    if "reward_mean" in record:
+        print(report.step_line(record, steps), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ The model behind a decision (one step of synchronous GRPO, the three roles in a 
 `finish_seconds` predicts the step's remaining time from that chain. A move of m ranks from one role
 to another is taken only when the time it saves beats (1 + margin) x its cost (the shift, plus the
 prefill of the sequences it migrates), and a rank that moved stays for `dwell` x the cost of its next
-move (hysteresis against thrash, as planner-anchors.md advises). Two rules come first, cost or not:
-a role with work it can do now and no rank gets one; while responses wait for the judge and no prompt
+move (hysteresis against thrash; verl's separate_async switch likewise moves its threshold only after
+2 consecutive idle or calm steps, verl docs/advance/v1_async_trainer.md). Two rules come first, cost or
+not: a role with work it can do now and no rank gets one; while responses wait for the judge and no prompt
 waits for rollout, rollout ranks with nothing running join the judge (all of them once rollout has
 ended, before that as many as the waiting responses fill).
 """

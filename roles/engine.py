@@ -10,8 +10,10 @@ original engine would have.
 from dataclasses import dataclass, field, replace
 
 import torch
-from vllm import LLM, SamplingParams
-from vllm.sampling_params import RequestOutputKind
+
+from roles import logs  # before vLLM, which warns as it is imported
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
 
 @dataclass
@@ -50,23 +52,26 @@ class Engine:
     def __init__(self, model_dir: str, *, seed: int, max_model_len: int, kv_cache_bytes: int):
         on_gpu = torch.cuda.is_available()
         _ensure_expert_group()
-        self.llm = LLM(
-            model=model_dir,
-            dtype="bfloat16" if on_gpu else "float32",
-            seed=seed,
-            max_model_len=max_model_len,
-            # Each rank owns a whole engine; ranks step their engines independently.
-            distributed_executor_backend="external_launcher",
-            tensor_parallel_size=1,
-            # A byte budget rather than a utilisation fraction: the fraction miscounts for a second
-            # engine in the same process.
-            kv_cache_memory_bytes=kv_cache_bytes,
-            # The trainer's ratio needs the logprob of the distribution actually sampled from
-            # (after temperature); vLLM's default is the raw one.
-            logprobs_mode="processed_logprobs",
-            enable_sleep_mode=on_gpu,
-            enforce_eager=not on_gpu,
-        )
+        with logs.engine_start():
+            self.llm = LLM(
+                model=model_dir,
+                dtype="bfloat16" if on_gpu else "float32",
+                seed=seed,
+                max_model_len=max_model_len,
+                # Each rank owns a whole engine; ranks step their engines independently.
+                distributed_executor_backend="external_launcher",
+                tensor_parallel_size=1,
+                # A byte budget rather than a utilisation fraction: the fraction miscounts for a second
+                # engine in the same process.
+                kv_cache_memory_bytes=kv_cache_bytes,
+                # The trainer's ratio needs the logprob of the distribution actually sampled from
+                # (after temperature); vLLM's default is the raw one.
+                logprobs_mode="processed_logprobs",
+                enable_sleep_mode=on_gpu,
+                enforce_eager=not on_gpu,
+                log_level=logs.engine_log_level(),
+                use_tqdm_on_load=logs.showing_all(),
+            )
         self.vllm = self.llm.llm_engine
         self.skeleton = _meta_model(model_dir)
         self.llm.collective_rpc(_install_rng_restore)

@@ -1,7 +1,11 @@
 """Bring-your-own models: Qwen2, Llama, Qwen3 and Qwen3-MoE built from configs, as policy and as GenRM."""
 import json
 
+import pytest
+
 from conftest import ROOT, torchrun
+
+pytestmark = pytest.mark.slow
 
 
 def test_trained_weights_reload_into_vllm_for_each_architecture(arch_models, tmp_path):
@@ -43,9 +47,11 @@ def two_steps(tmp_path, policy, genrm, *extra):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     for r in records[:2]:
-        assert r["samples"] == 4
-        # a random judge writes no readable verdict or score: each output is counted, none is lost
-        assert 0 <= r["genrm_parse_failures"] <= r["samples"]
+        assert r["samples"] == 4 and r["genrm_requests"] == 4
+        # 8 critique tokens of a character tokenizer cannot spell a verdict line ("verdict: wrong" has 14),
+        # and the random judges (greedy, seeded) write no score line: every output is a counted parse
+        # failure, scored 0
+        assert r["genrm_parse_failures"] == r["samples"] and r["reward_mean"] == 0.0
     info = json.loads((out / "run_info.json").read_text())
     return proc.stdout, records, info, out
 
@@ -81,12 +87,10 @@ def test_moe_policy_with_llama_judge_jsonl_heldout_split(arch_models, tmp_path):
 def test_qwen2_policy_with_moe_rubric_judge_parquet(arch_models, tmp_path):
     train = write_data(tmp_path / "train.parquet", 8)
     heldout = write_data(tmp_path / "heldout.parquet", 2)
-    _, records, info, _ = two_steps(tmp_path, arch_models["qwen2"], arch_models["qwen3_moe"], "--data", train,
-                                    "--eval-data", heldout, "--judge-kind", "rubric",
-                                    "--judge-template", ROOT / "tasks/judge_rubric.txt")
+    _, _, info, _ = two_steps(tmp_path, arch_models["qwen2"], arch_models["qwen3_moe"], "--data", train,
+                              "--eval-data", heldout, "--judge-kind", "rubric",
+                              "--judge-template", ROOT / "tasks/judge_rubric.txt")
     assert info["train_prompts"] == 8 and info["eval_prompts"] == 2
-    for r in records[:2]:  # a random judge's outputs are malformed scores, every one counted
-        assert r["genrm_parse_failures"] == r["samples"] and r["reward_mean"] == 0.0
 
 
 def test_chat_template_policy_qwen3_with_qwen2_judge(arch_models, tmp_path):

@@ -72,3 +72,52 @@ def test_a_resume_whose_data_or_models_differ(tmp_path):
 def test_a_bad_kill_spec(monkeypatch):
     monkeypatch.setenv("PIVOT_KILL", "1:judging:2")
     refused(DRY, "PIVOT_KILL='1:judging:2': expected RANK:POINT:N with POINT one of rollout, genrm")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", 0], "--temperature must be above 0: the policy samples at it"),
+    (["--temperature", -1], "--temperature must be above 0"),
+    (["--lr", 0], r"--lr must be above 0 \(AdamW's learning rate, e.g. 5e-4\); got 0.0"),
+    (["--lr", -1], "--lr must be above 0"),
+    (["--lr", "nan"], "--lr must be above 0 .*; got nan"),
+    (["--weight-decay", -0.1], "--weight-decay must be 0 or more"),
+    (["--grad-clip", 0], "--grad-clip must be above 0"),
+    (["--grad-clip", "inf"], "--grad-clip must be above 0 .*; got inf"),
+    (["--clip-eps", 0], r"--clip-eps must be in \(0, 1\)"),
+    (["--clip-eps", 1], r"--clip-eps must be in \(0, 1\)"),
+    (["--kl-coef", -0.01], "--kl-coef must be 0 or more"),
+    (["--eval-split", 1], r"--eval-split must be in \[0, 1\)"),
+    (["--eval-split", -0.1], r"--eval-split must be in \[0, 1\)"),
+    (["--eval-prompts", 0], "--eval-prompts must be at least 1"),
+    (["--eval-every", 0], "--eval-every must be at least 1"),
+    (["--max-model-len", 1], "--max-model-len must be at least 2: a prompt token and a response token"),
+    (["--max-response-tokens", 0], "--max-response-tokens must be at least 1"),
+    (["--max-critique-tokens", 0], "--max-critique-tokens must be at least 1"),
+    (["--prompts-per-step", 0], "--prompts-per-step must be at least 1"),
+    (["--force-shift-rate", 1.5], r"--force-shift-rate must be in \[0, 1\]"),
+    (["--force-shift-rate", -0.2], r"--force-shift-rate must be in \[0, 1\]"),
+    (["--round-steps", 0], "--round-steps must be at least 1"),
+    (["--kv-cache-mb", 0], "--kv-cache-mb must be at least 1"),
+    (["--max-seqs", 0], "--max-seqs must be at least 1"),
+    (["--minibatches", 0], "--minibatches must be at least 1"),
+    (["--micro-batch", 0], "--micro-batch must be at least 1"),
+    (["--steps", -1], "--steps must be 0 or more"),
+    (["--checkpoint-every", -1], "--checkpoint-every must be 0 or more"),
+    (["--seed", -1], "--seed must be 0 or more"),
+    (["--nproc-per-node", 0], "--nproc-per-node must be at least 1"),
+    (["--device-memory-gib", 0], "--device-memory-gib must be above 0"),
+    (["--answer-marker", ""], "--answer-marker must not be empty"),
+], ids=lambda v: " ".join(map(str, v)) if isinstance(v, list) else None)
+def test_numbers_that_make_no_sense(flags, message):
+    refused([*DRY, *flags], message)
+
+
+def test_out_that_is_a_file(tmp_path):
+    (tmp_path / "run").write_text("")
+    refused([*DRY, "--out", tmp_path / "run"], "--out .*run is a file: pass a directory")
+
+
+def test_every_numeric_flag_has_a_rule():
+    numeric = {a.dest for a in pivot_train.build_parser()._actions if a.type in (int, float)}
+    # --force-shifts takes any integer: it only seeds a random schedule
+    assert numeric - {"force_shifts"} == {flag for flag, _, _ in pivot_train.NUMBER_RULES}

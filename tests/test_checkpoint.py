@@ -1,6 +1,10 @@
 import json
 
+import pytest
+
 from conftest import ROOT, torchrun
+
+pytestmark = pytest.mark.slow
 
 
 def test_checkpoint_streams_the_state_without_a_full_copy(tmp_path):

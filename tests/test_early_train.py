@@ -5,6 +5,8 @@ import pytest
 
 from conftest import POLICY, ROOT, torchrun
 
+pytestmark = pytest.mark.slow
+
 
 def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
     torchrun(ROOT / "tests/workers/early_train.py", POLICY, tmp_path)

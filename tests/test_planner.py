@@ -40,12 +40,17 @@ def test_no_move_when_the_saving_is_below_the_cost():
 def test_a_move_pays_its_cost_with_margin():
     now = ranks(*["rollout"] * 7, "genrm", tokens=100)
     config = PlannerConfig(margin=0.5)
+    moved = []
     for c in (0.5, 5.0, 50.0):
         moves = plan(now, TAIL, SPEEDS, costs(c), config)
         counts = {role: sum(r.role == role for r in now) for role in ROLES}
         after = {role: sum(r == role for r in apply_moves([r.role for r in now], moves)) for role in ROLES}
         saved = finish_seconds(TAIL, counts, SPEEDS, costs(c)) - finish_seconds(TAIL, after, SPEEDS, costs(c))
-        assert not moves or saved > (1 + config.margin) * c
+        if moves:
+            assert saved > (1 + config.margin) * c
+        moved.append(len(moves))
+    # cheap moves are taken, fewer as they get dearer, none once no saving pays for them
+    assert moved[0] > 0 and moved[0] >= moved[1] >= moved[2] == 0
 
 
 def test_tail_frees_rollout_ranks_for_the_judge_and_keeps_one():
@@ -116,7 +121,8 @@ def test_steady_workload_settles_without_oscillation():
         roles = apply_moves(roles, moves)
         since = [0.0 if any(m.rank == i for m in moves) else s + 1.0 for i, s in enumerate(since)]
         moves_per_call.append(len(moves))
-    assert sum(moves_per_call[5:]) == 0 and sum(moves_per_call) <= 8
+    # it rebalances first (the judge is far behind), then stays put
+    assert moves_per_call[0] > 0 and sum(moves_per_call[5:]) == 0 and sum(moves_per_call) <= 8
 
 
 def test_early_training_only_with_complete_groups_and_a_large_enough_group():

@@ -1,21 +1,28 @@
-"""A run survives a crash. With a checkpoint every step, one rank killed with SIGKILL (faults.py) at a
-random moment (rolling out, judging, training, in a shift, while a checkpoint is written), torchrun
-restarts the group and the run ends exactly where the uninterrupted run ends: training state bit for
-bit, and the same metrics. So does a run stopped and started again with the same command. The moment is
-drawn afresh each session and shown in the test's id."""
+"""A run survives a crash. With a checkpoint every step, one rank killed with SIGKILL (faults.py) at some
+moment (rolling out, judging, training, in a shift, while a checkpoint is written), torchrun restarts the
+group and the run ends exactly where the uninterrupted run ends: training state bit for bit, and the same
+samples and metrics. So does a run stopped and started again with the same command.
+
+The moments are drawn from PIVOT_KILL_SEED (default 0; any other value tries other moments) and shown
+in each test's id, e.g. `colocated-0:rollout:7`: rank 0 dies the 7th time it passes `rollout`."""
 import json
+import os
 import random
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, SMALL, STEPS, metrics, run, same_run, torchrun
+from conftest import ROOT, SMALL_STEPS, same_run, small_run
 
-_pick = random.Random()
-# (placement, rank, point, how many times that rank surely passes the point in the run)
-KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "genrm", 30), ("colocated", 1, "train", STEPS),
-         ("colocated", 0, "checkpoint", STEPS), ("forced", 1, "shift", 8), ("disaggregated", 2, "train", STEPS)]
+pytestmark = pytest.mark.slow
+
+_pick = random.Random(int(os.environ.get("PIVOT_KILL_SEED", "0")))
+# (placement, rank, point, how many times that rank surely passes the point in the run); the planner
+# moves pivot ranks as it measures, so a pivot rank surely rolls out only in the first few engine steps.
+KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "genrm", 30), ("colocated", 1, "train", SMALL_STEPS),
+         ("colocated", 0, "checkpoint", SMALL_STEPS), ("forced", 1, "shift", 8),
+         ("disaggregated", 2, "train", SMALL_STEPS), ("pivot", 0, "rollout", 5)]
 KILL_PARAMS = [pytest.param(placement, spec, id=f"{placement}-{spec}")
                for placement, rank, point, passes in KILLS
                for spec in [f"{rank}:{point}:{_pick.randint(1, passes)}"]]
@@ -28,38 +35,29 @@ def restarted(proc) -> str:
     return lines[0]
 
 
-def test_stop_and_run_again(whole, tmp_path):
+def test_stop_and_run_again(uninterrupted, tmp_path):
     cut = tmp_path / "cut"
-    run(cut, "colocated", steps=1)
-    run(cut, "colocated")
-    assert (cut / "checkpoints/LATEST").read_text() == f"step-{STEPS:06d}"
-    same_run(whole("colocated"), cut)
+    small_run(cut, "colocated", steps=1)
+    small_run(cut, "colocated")
+    assert (cut / "checkpoints/LATEST").read_text() == f"step-{SMALL_STEPS:06d}"
+    same_run(uninterrupted("colocated")[0], cut)
+    # the picture of the run covers both launches
+    assert (cut / "curves.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("placement, kill", KILL_PARAMS)
-def test_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(whole, tmp_path, placement, kill):
+def test_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(uninterrupted, tmp_path, placement, kill):
     out = tmp_path / "run"
-    line = restarted(run(out, placement, restarts=1, env={"PIVOT_KILL": kill}))
+    line = restarted(small_run(out, placement, restarts=1, env={"PIVOT_KILL": kill}))
     rank, point, nth = kill.split(":")
     if point == "checkpoint":  # the checkpoint cut short is never the one resumed from
         assert "starting over" in line if nth == "1" else f"step-{int(nth) - 1:06d}" in line, line
-    same_run(whole(placement), out)
-
-
-def test_planner_driven_pivot_loses_no_step_and_no_sample(whole, tmp_path):
-    out = tmp_path / "pivot"
-    proc = torchrun(ROOT / "pivot_train.py", "--steps", STEPS, "--out", out, *SMALL, "--placement", "pivot",
-                    restarts=1, env={"PIVOT_KILL": f"0:rollout:{_pick.randint(1, 5)}"})
-    restarted(proc)
-    rows = metrics(out)
-    assert [r["step"] for r in rows] == list(range(STEPS + 1))
-    assert all(r["samples"] == 16 for r in rows[:-1])
-    logged = [json.loads(line)["step"] for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert logged == sorted(logged) and all(logged.count(step) == 16 for step in range(STEPS))
-    assert json.loads((out / "checkpoints/step-000003/meta.json").read_text())["planner"]["fits"]
-    # Its moves follow measured speeds; its samples and update do not, so its curve is the colocated one's.
-    for a, b in zip(metrics(whole("colocated")), rows):
-        assert a.get("reward_mean") == pytest.approx(b.get("reward_mean"), abs=0.15)
+    # A planner-driven pivot run's moves follow measured speeds, so after the restart they may differ;
+    # its samples and update do not, so it too ends where the colocated run ends (to float rounding where
+    # it trained groups early).
+    same_run(uninterrupted("colocated" if placement == "pivot" else placement)[0], out, exact=placement != "pivot")
+    if placement == "pivot":
+        assert json.loads((out / f"checkpoints/step-{SMALL_STEPS:06d}/meta.json").read_text())["planner"]["fits"]
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):

@@ -1,7 +1,11 @@
 """Sequence migration under seeded random shift schedules (--force-shifts), two ranks, real engines."""
 import json
 
+import pytest
+
 from conftest import GENRM, POLICY, ROOT, torchrun
+
+pytestmark = pytest.mark.slow
 
 TRIALS = 12
 

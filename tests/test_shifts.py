@@ -1,8 +1,12 @@
 import json
 import itertools
 
+import pytest
+
 from conftest import ROOT, torchrun
 from shifting.context import ROLES, STAGES
+
+pytestmark = pytest.mark.slow
 
 
 def test_every_shift_pair_then_resize_on_two_ranks(tmp_path, tiny_models):
@@ -16,7 +20,10 @@ def test_every_shift_pair_then_resize_on_two_ranks(tmp_path, tiny_models):
         assert {"rank", "from", "to", "seconds", "bytes", *STAGES} <= set(r)
         # Every arrival loads from storage, but for an engine that holds the stored version already
         # (on CPU it keeps its weights while away): the frozen GenRM after its first load.
-        assert r["seconds"] >= 0 and (r["bytes"] > 0 or r["to"] == "genrm")
+        # the shift's time is its stages' time, each stage measured
+        assert all(r[stage] >= 0 for stage in STAGES) and r["seconds"] > 0
+        assert r["seconds"] == pytest.approx(sum(r[stage] for stage in STAGES))
+        assert r["bytes"] > 0 or r["to"] == "genrm"
     assert any(r["to"] == "genrm" and r["bytes"] == 0 for r in records)
     for result in results:
         # each arrival's work was right: engines serve the storage's current weights (the policy's

@@ -51,8 +51,10 @@ def test_pivot_migrates_and_still_loses_nothing(cal):
 
 
 def test_the_clock_never_runs_backwards(cal):
-    sim, result, _ = run(cal, "pivot", steps=3)
-    assert sum(result.step_seconds) == pytest.approx(result.seconds)
+    sim, result, pushes = run(cal, "pivot", steps=3)
+    handled = [now for _, now in pushes]  # the clock whenever an event was being handled
+    assert handled == sorted(handled) and handled[-1] > handled[0]
+    assert all(s > 0 for s in result.step_seconds) and sum(result.step_seconds) == pytest.approx(result.seconds)
 
 
 def test_calibration_figures_have_value_unit_and_source(cal):

@@ -17,11 +17,19 @@ def test_layout_is_aligned_and_disjoint():
     assert slots[0].offset >= 8 and total >= ends[-1]
 
 
+@pytest.mark.slow
 def test_two_local_ranks_share_one_copy(tmp_path):
+    """Every rank reads, for each version, the tensors the node's writer (rank 0) handed in, bit for bit,
+    not its own: one copy per node."""
+    from workers.storage_share import handed
     torchrun(ROOT / "tests/workers/storage_share.py", tmp_path)
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert result == {"versions_seen": [1, 2]}
+        assert not result["name_left_in_shm"]  # unlinked once every local rank has mapped it
+        assert [v["version"] for v in result["versions"]] == [1, 2]
+        for version, seen in zip((1, 2), result["versions"]):
+            writer, own = ({name: t.float().flatten().tolist() for name, t in handed(version, r)} for r in (0, rank))
+            assert seen["tensors"] == writer and (rank == 0 or seen["tensors"] != own)
 
 
 @settings(max_examples=200, deadline=None)
@@ -34,6 +42,7 @@ def test_shard_rows_match_fsdp2s_chunking(rows, count):
         assert list(range(first, stop)) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc, nodes", [(2, 1), (2, 2), (3, 3), (4, 2)])
 def test_every_replica_holds_exactly_what_was_written(tmp_path, nproc, nodes):
     """Publishes where every rank, one rank, a few rows or no rank write, on one node, on two and three
@@ -62,6 +71,9 @@ def test_pieces_cover_every_byte_once_within_the_limit(sizes, limit):
     assert all(sum(stop - start for _, start, stop in piece) == limit for piece in cut[:-1])
     laid_out = [(run, byte) for piece in cut for run, start, stop in piece for byte in range(start, stop)]
     assert laid_out == [(run, byte) for run, size in enumerate(sizes) for byte in range(size)]
+
+
+@pytest.mark.slow
 def test_one_copy_per_node_whatever_the_local_ranks(tmp_path):
     """Resident memory of the storage summed over a node's ranks (Pss) is one copy, for 1 rank or 2."""
     totals = {}

@@ -1,4 +1,5 @@
-"""Two local ranks share one published copy: rank 0 (the node's writer) publishes, rank 1 reads it."""
+"""Two local ranks share one published copy: rank 0 (the node's writer) publishes, rank 1 reads it. Each
+rank hands its own tensors (seeded by version and rank), so what rank 1 reads shows whose copy it is."""
 import glob
 import json
 import sys
@@ -8,19 +9,22 @@ import torch
 from runtime import init_distributed, shutdown_distributed
 from storage import ParameterStorage
 
-d = init_distributed()
-shapes = [("a.weight", (3, 5), torch.float32), ("b.bias", (7,), torch.float32), ("c", (2, 2), torch.bfloat16)]
-storage = ParameterStorage(d, "policy", shapes)
-assert not glob.glob(storage.path), "the name should be gone once every local rank has mapped it"
-for version in (1, 2):
-    # Every rank hands the same full tensors, as the trainer's gather does.
-    gen = torch.Generator().manual_seed(version)
-    weights = [(name, torch.randn(shape, generator=gen).to(dtype)) for name, shape, dtype in shapes]
-    storage.publish(iter(weights), version)
-    seen = dict(storage.named_tensors())
-    assert storage.version == version, storage.version
-    for name, tensor in weights:
-        assert torch.equal(seen[name], tensor), name
-storage.close()
-json.dump({"versions_seen": [1, 2]}, open(f"{sys.argv[1]}/rank{d.rank}.json", "w"))
-shutdown_distributed(d)
+SHAPES = [("a.weight", (3, 5), torch.float32), ("b.bias", (7,), torch.float32), ("c", (2, 2), torch.bfloat16)]
+
+
+def handed(version: int, rank: int) -> list[tuple[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(100 * version + rank)
+    return [(name, torch.randn(shape, generator=gen).to(dtype)) for name, shape, dtype in SHAPES]
+
+
+if __name__ == "__main__":
+    d = init_distributed()
+    storage = ParameterStorage(d, "policy", SHAPES)
+    seen = {"name_left_in_shm": bool(glob.glob(storage.path)), "versions": []}
+    for version in (1, 2):
+        storage.publish(iter(handed(version, d.rank)), version)
+        seen["versions"].append({"version": storage.version, "tensors": {
+            name: t.float().flatten().tolist() for name, t in storage.named_tensors()}})
+    storage.close()
+    json.dump(seen, open(f"{sys.argv[1]}/rank{d.rank}.json", "w"))
+    shutdown_distributed(d)
