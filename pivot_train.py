@@ -338,10 +338,12 @@ def main(argv=None):
                           observer=timeline)
     board = tensorboard_writer(d, out)
 
-    context.apply(placement.start_roles())  # the engines load the stored version (a resumed run's weights)
+    timeline.begin_step(start)
+    # The engines load the stored version (a resumed run's weights); the first record says so.
+    startup = {"startup_shifts": context.apply(placement.start_roles())}
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
-        record = {"step": step}
+        record, startup = {"step": step, **startup}, {}
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights

@@ -30,9 +30,10 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
     assert last["eval_accuracy"] >= first["eval_accuracy"] + 0.2
     timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
     assert {s["rank"] for s in timeline} == {0, 1} and (out / "timeline.png").stat().st_size > 0
-    # the timeline holds every shift the metrics report (the step's and its evaluation's), on the rank
-    # that made it
+    # the timeline holds every shift the metrics report (the start-up's, the step's and its evaluation's),
+    # on the rank that made it
     for r in records[:-1]:
         marked = sorted((s["rank"], s["from"], s["to"]) for s in timeline if s["step"] == r["step"] and s["role"] == "shift")
-        assert marked == sorted((s["rank"], s["from"], s["to"]) for s in r["shifts"] + r.get("eval_shifts", []))
+        reported = r["shifts"] + r.get("eval_shifts", []) + r.get("startup_shifts", [])
+        assert marked == sorted((s["rank"], s["from"], s["to"]) for s in reported)
     assert (out / "timeline_step.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
