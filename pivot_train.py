@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
@@ -99,7 +100,13 @@ def parse_args(argv=None):
                         "exercise sequence migration and role shifts on your own setup")
     p.add_argument("--force-shift-rate", type=float, default=0.2,
                    help="with --force-shifts, the chance of a move at each engine step")
-    p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each engine, MiB")
+    p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine, MiB")
+    p.add_argument("--genrm-kv-cache-mb", type=int, default=None,
+                   help="KV cache of the judge's engine, MiB (default: --kv-cache-mb); on GPU it stays on the "
+                        "device for the whole run, beside whatever the rank does")
+    p.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
+                   help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
+                        "an engine starts only where its weights, KV cache and this are free")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
     # run
     p.add_argument("--steps", type=int, default=30)
@@ -125,8 +132,9 @@ def check_config(args) -> str:
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
     for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
                       ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
+                      ("genrm_kv_cache_mb", 1), ("engine_overhead_mb", 0),
                       ("max_seqs", 1), ("checkpoint_every", 0)):
-        if getattr(args, flag) < low:
+        if getattr(args, flag) is not None and getattr(args, flag) < low:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
     if args.prompts_per_step * args.group_size < args.minibatches:
@@ -266,12 +274,15 @@ def main(argv=None):
         checkpoint.restore(d, resume, train_state)
     train_state.publish_weights(storage, version=start)
     genrm_storage = checkpoint_storage(d, "genrm", args.genrm, dtype)
-    kv = args.kv_cache_mb << 20
+    # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
+    # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs").
+    engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20)
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
-                                   kv_cache_bytes=kv)
+                                   kv_cache_bytes=args.kv_cache_mb << 20, sleep_mode=True, **engines)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
-                  kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  judge_kind=args.judge_kind)
+                  kv_cache_bytes=(args.genrm_kv_cache_mb or args.kv_cache_mb) << 20,
+                  max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
+                  judge_kind=args.judge_kind, **engines)
     placement = Placement(args, d.world_size)
     if resume:
         placement.load_state(resume["planner"])

@@ -14,6 +14,8 @@ rollout/trainer switch, which is the one that works on GPUs):
               the train role builds its FSDP2 module over the new train group and loads its rows.
   4. ready    B's RNG state is restored.
 
+On GPU only the policy's engine sleeps (vLLM allows one sleep-mode engine per process); the judge's engine
+keeps its weights and KV cache on the device, so it loads, like an engine on CPU, only a newer version.
 On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
 its rank holds another role (rebuilding an engine costs ~10 s), and onload reloads its weights from
 storage only when a newer version was published since it last loaded (the policy after an update; the
@@ -24,9 +26,15 @@ the stored state into it; a changed group builds a new one.
 An engine whose rank keeps its role still loads each newly published version at the next `apply` (a
 disaggregated rollout rank after every update), reported as a rollout -> rollout shift of its onload.
 
+An engine asleep when its rank already holds its role (a policy engine created asleep, at the first
+`apply`) onloads like an arriving one.
+
 `apply` is collective: every rank passes the same assignment. Writing the train state and making the
 new train group involve every rank, so a train rank that stays while the group changes is resharded
 too, and reported as a train -> train shift.
+
+Engines may be None (checks of the train role alone, such as bench/gpu_check.py): their roles then hold
+nothing to move.
 """
 import time
 from contextlib import contextmanager
@@ -70,11 +78,13 @@ class RoleContext:
         old, new = self.role, roles[self.d.rank]
         regroup = train_ranks(roles) != train_ranks(self.roles)
         moving = old != new or (regroup and new == "train")
-        # An engine that keeps its role still loads a newer published version (disaggregated rollout).
-        refresh = not moving and new in self.engines and self._stale(new)
+        # An engine that keeps its role still loads a newer published version (disaggregated rollout),
+        # and one still asleep wakes (a policy engine created asleep).
+        engine = self.engines.get(new)
+        refresh = not moving and engine is not None and (engine.asleep or self._stale(new))
         seconds, moved = {}, 0
         with stage(seconds, "drain"):
-            if moving and old != "train":
+            if moving and self.engines.get(old) is not None:
                 self.engines[old].drain()
         with stage(seconds, "offload"):
             if regroup:  # every rank takes part; the train ranks write their rows
@@ -87,7 +97,7 @@ class RoleContext:
             if moving:
                 moved = self._onload(new, group)
             elif refresh:
-                moved = self._load(new)
+                moved = self._onload(new, None)
         with stage(seconds, "ready"):
             if moving and new in self.rng:
                 set_rng_state(self.rng.pop(new))
@@ -108,7 +118,7 @@ class RoleContext:
             else:
                 self.trainer.close()
             self.trainer = None
-        else:
+        elif self.engines[role] is not None:
             self.engines[role].sleep()
 
     def _onload(self, role: str, group) -> int:
@@ -122,9 +132,13 @@ class RoleContext:
             self.parked = None
             return sum(rows.numel() * rows.element_size() for _, rows, _ in self.trainer.state_rows())
         engine = self.engines[role]
+        if engine is None:
+            return 0
+        # Asleep (GPU, sleep mode), an engine discarded its weights; otherwise it kept them, and loads only
+        # a newer version.
+        discarded = engine.asleep
         engine.wake_weights()
-        # Asleep on GPU, an engine discarded its weights; on CPU it kept them, and loads only a newer version.
-        moved = self._load(role) if engine.sleep_mode or self._stale(role) else 0
+        moved = self._load(role) if discarded or self._stale(role) else 0
         engine.wake_kv_cache()
         return moved
 
