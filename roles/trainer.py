@@ -192,13 +192,13 @@ class PolicyTrainer:
             # Every rank runs the same number of micro-steps: FSDP's collectives must pair up.
             micro_steps = -(-len(mb[0::world]) // self.micro_batch)
             self.optimizer.zero_grad(set_to_none=True)
-            sums = torch.zeros(2)
+            sums = torch.zeros(2, device=self.device)
             for i in range(micro_steps):
                 chunk = mine[i * self.micro_batch:(i + 1) * self.micro_batch]
                 loss, clipped = self._micro_step(chunk or mb[:1], real=bool(chunk))
                 # FSDP averages gradients over the group; this scale makes them token-level means.
                 (loss * world / max(total_tokens, 1)).backward()
-                sums += torch.tensor([loss.item(), clipped])
+                sums += sums.new_tensor([loss.item(), clipped])
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
