@@ -90,7 +90,9 @@ class PolicyTrainer:
         self.state, self.group, self.device = state, group, device
         self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
         self.grad_clip, self.micro_batch = grad_clip, micro_batch
-        mesh = DeviceMesh.from_group(group, device.type)
+        # Named after the group: meshes compare equal by ranks alone, so a group destroyed and made again
+        # (shifting/context.py keeps two) would otherwise hit DTensor's cached shardings of the old mesh.
+        mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"train-{group.group_name}",))
         mp = MixedPrecisionPolicy(param_dtype=inference_dtype(device), reduce_dtype=torch.float32)
         self.model = self._sharded(mesh, mp, "master")
         self.reference = self._sharded(mesh, mp, "reference").requires_grad_(False) if kl_coef > 0 else None

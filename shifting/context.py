@@ -31,7 +31,9 @@ An engine asleep when its rank already holds its role (a policy engine created a
 
 `apply` is collective: every rank passes the same assignment. Writing the train state and making the
 new train group involve every rank, so a train rank that stays while the group changes is resharded
-too, and reported as a train -> train shift.
+too, and reported as a train -> train shift. Train groups other than the whole world are kept for the
+current and the previous train group only (a group A, then B, then A again reuses A); older ones are
+destroyed on every rank in the same order, since each NCCL communicator holds device memory.
 
 Engines may be None (checks of the train role alone, such as bench/gpu_check.py): their roles then hold
 nothing to move.
@@ -47,11 +49,13 @@ from runtime import Dist
 
 ROLES = ("rollout", "genrm", "train")
 STAGES = ("drain", "offload", "onload", "ready")
+KEPT_GROUPS = 2  # the current train group and the previous one
 
 
 class RoleContext:
     """This rank's role and what it holds for it: the two engines (kept, see above) and, while it
-    trains, the trainer. `make_trainer(group)` builds a trainer from the training state in storage."""
+    trains, the trainer. `make_trainer(group)` builds a trainer from the training state in storage.
+    `groups`: the train groups kept, least recently used first."""
 
     def __init__(self, d: Dist, roles: list[str], *, policy, genrm, train_state, rollout_engine,
                  genrm_engine, make_trainer):
@@ -153,13 +157,26 @@ class RoleContext:
         return loaded["bytes"]
 
     def _group(self, ranks: list[int]):
-        """The process group of `ranks`, made once; collective, so every rank asks in the same order."""
+        """The process group of `ranks`; collective, so every rank asks in the same order. A group no
+        longer kept is destroyed before a new one is made, so a rank holds at most KEPT_GROUPS of them."""
         if len(ranks) == self.d.world_size:
             return self.d.tensors
         key = tuple(ranks)
-        if key not in self.groups:
-            self.groups[key] = dist.new_group(list(ranks))
+        if key in self.groups:
+            self.groups[key] = self.groups.pop(key)  # now the most recently used
+            return self.groups[key]
+        while len(self.groups) >= KEPT_GROUPS:
+            self._destroy(next(iter(self.groups)))
+        self.groups[key] = dist.new_group(list(ranks))
         return self.groups[key]
+
+    def _destroy(self, key: tuple[int, ...]) -> None:
+        """Destroys a kept group on every rank (a rank outside it destroys nothing). Neither the trainer
+        (its group is the newest) nor, on CPU, a parked trainer of that group ever uses it again."""
+        group = self.groups.pop(key)
+        if self.parked is not None and self.parked.group is group:
+            self.parked = None
+        dist.destroy_process_group(group)
 
 
 def get_rng_state():
