@@ -161,12 +161,16 @@ def check_ipc(policy: ParameterStorage) -> dict:
 def run(d: Dist, model_dir: str, args) -> dict:
     """Every check that `d.device` allows, in order (CUDA: all of them)."""
     state = TrainState(d, model_dir, keep_reference=False)
-    make_trainer = lambda group: PolicyTrainer(state, group, d.device, micro_batch=args.micro_batch, **HYPER)  # noqa: E731
-    (ctx, build_s) = timed(d.device, lambda: RoleContext(
+
+    def make_trainer(group):
+        return PolicyTrainer(state, group, d.device, micro_batch=args.micro_batch, **HYPER)
+
+    ctx, build_s = timed(d.device, lambda: RoleContext(
         d, ["train"] * d.world_size, policy=None, genrm=None, train_state=state, rollout_engine=None,
         genrm_engine=None, make_trainer=make_trainer))
     policy = ParameterStorage(d, "gpu-check-policy", ctx.trainer.weight_shapes())
-    steps = [batch(state.config.vocab_size, args.samples, args.prompt_tokens, args.response_tokens, seed) for seed in (0, 1)]
+    steps = [batch(state.config.vocab_size, args.samples, args.prompt_tokens, args.response_tokens, seed)
+             for seed in (0, 1)]
     checks = {"trainer": {**check_trainer(d, ctx.trainer, steps), "build_s": build_s,
                           "peak_memory_GiB": torch.cuda.max_memory_allocated(d.device) / GiB
                           if d.device.type == "cuda" else None},
@@ -188,7 +192,8 @@ def summary(name: str, check: dict) -> str:
         "publish": lambda c: f"{c['seconds']:.3f} s, {c['GBps']:.1f} GB/s",
         "device copy": lambda c: f"{c['share_s']:.3f} s, {c['GBps']:.1f} GB/s",
         "train shift": lambda c: (f"offload {c['offload_s']:.2f} s ({c['offload_GBps']:.1f} GB/s), onload "
-                                  f"{c['onload_s']:.2f} s ({c['onload_GBps']:.1f} GB/s), freed {c['freed_GiB']:.1f} GiB"),
+                                  f"{c['onload_s']:.2f} s ({c['onload_GBps']:.1f} GB/s), "
+                                  f"freed {c['freed_GiB']:.1f} GiB"),
         "CUDA IPC": lambda c: f"child D2D {c['d2d_GBps']:.1f} GB/s, exit {c['child_exit']}",
     }
     return f"  {name:<13}{'PASS' if check['ok'] else 'FAIL'}  {figures[name](check)}"

@@ -97,8 +97,8 @@ class HostTensors(TorchFunctionMode):
         if func is torch.Tensor.cpu:
             return True
         if func is torch.Tensor.to:
-            target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device, torch.Tensor))),
-                                               None))
+            given = [a for a in args[1:] if isinstance(a, (str, torch.device, torch.Tensor))]
+            target = kwargs.get("device", given[0] if given else None)
             if isinstance(target, torch.Tensor):
                 return self.is_host(target)
             return self.is_host(args[0]) if target is None else False
