@@ -275,7 +275,8 @@ def main(argv=None):
     train_state.publish_weights(storage, version=start)
     genrm_storage = checkpoint_storage(d, "genrm", args.genrm, dtype)
     # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
-    # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs").
+    # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs
+    # and several nodes").
     engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20)
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=args.kv_cache_mb << 20, sleep_mode=True, **engines)

@@ -48,7 +48,8 @@ class Engine:
     process, and the worker refuses a second engine's weights into it (`Worker.load_model` through
     `_maybe_get_memory_pool_context` in vllm/v1/worker/gpu_worker.py). The engine with `sleep_mode`
     starts asleep, so the engines made after it, and the trainer, start with its memory free; the
-    others keep their weights and KV cache on the device for the whole run (README, "GPUs").
+    others keep their weights and KV cache on the device for the whole run (README, "GPUs and several
+    nodes").
     `from_storage`: the weights will come from the storage (`RoleContext` loads the stored version on
     the engine's first arrival), so none are read from disk: vLLM fills the model with dummy values."""
 
