@@ -38,6 +38,7 @@ import faults
 import report
 from planner import parse_split
 from roles import logs
+from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer, grpo_advantages
@@ -110,7 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "exercise sequence migration and role shifts on your own setup")
     p.add_argument("--force-shift-rate", type=float, default=0.2,
                    help="with --force-shifts, the chance of a move at each engine step")
-    p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each engine, MiB")
+    p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine, MiB")
+    p.add_argument("--genrm-kv-cache-mb", type=int, default=None,
+                   help="KV cache of the judge's engine, MiB (default: --kv-cache-mb); on GPU it stays on the "
+                        "device for the whole run, beside whatever the rank does")
+    p.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
+                   help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
+                        "an engine starts only where its weights, KV cache and this are free")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
     p.add_argument("--round-steps", type=int, default=25,
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
@@ -154,7 +161,9 @@ NUMBER_RULES = [
     ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
     ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
     ("force_shift_rate", lambda v: 0 <= v <= 1, "in [0, 1]: the chance of a forced move at each engine step"),
-    ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of KV cache per engine)"),
+    ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the policy engine's KV cache)"),
+    ("genrm_kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the judge engine's KV cache; unset: --kv-cache-mb)"),
+    ("engine_overhead_mb", lambda v: v >= 0, "0 or more (MiB an engine takes on a GPU beyond weights and KV cache)"),
     ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
     ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
     ("steps", lambda v: v >= 0, "0 or more"),
@@ -321,12 +330,16 @@ def main(argv=None):
         checkpoint.restore(d, resume, train_state)
     train_state.publish_weights(storage, version=start)
     genrm_storage = checkpoint_storage(d, "genrm", args.genrm, dtype)
-    kv = args.kv_cache_mb << 20
+    # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
+    # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs
+    # and several nodes").
+    engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20)
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
-                                   kv_cache_bytes=kv)
+                                   kv_cache_bytes=args.kv_cache_mb << 20, sleep_mode=True, **engines)
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
-                  kv_cache_bytes=kv, max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  judge_kind=args.judge_kind, longtail=args.workload == "longtail")
+                  kv_cache_bytes=(args.genrm_kv_cache_mb or args.kv_cache_mb) << 20,
+                  max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
+                  judge_kind=args.judge_kind, longtail=args.workload == "longtail", **engines)
     if resume:
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,

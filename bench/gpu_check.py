@@ -1,21 +1,31 @@
-"""GPU check of the storage's device path, on one GPU, without vLLM, in a few minutes:
+"""GPU check of the project's own pieces, on one GPU, without vLLM, in a few minutes. Each check passes
+or fails and reports its figures:
 
-  1. pinned host <-> device copy rates (1 GiB each way)
-  2. the storage's offload (device -> pinned shared memory) and onload (back) of a Qwen2-1.5B-shaped
-     policy (random weights, bf16) out of and into a transformers model, checked bit for bit; then
-     onload from the storage's device-resident copy (share_on_device)
-  3. a CUDA IPC share between two processes: a child maps the parent's device tensor, checks it and
-     copies it device to device
-  4. two FSDP2 train steps (bf16 compute, fp32 master, AdamW) of that model on one GPU
+  trainer      PolicyTrainer's GRPO steps over NCCL (a world of one: NCCL refuses two ranks on one
+               device), on a policy made from a config (random weights): loss and gradient norm finite,
+               the weights moved; the trainer's build from storage (the train state's onload)
+  publish      publish_shards of the trainer's bf16 weight rows into the policy's storage (pinned host
+               shared memory), which then holds them bit for bit
+  device copy  share_on_device: the storage's device-resident copy, which must follow the next publish
+               bit for bit
+  train shift  RoleContext train -> rollout -> train with no engines: the state offloaded to storage and
+               the trainer freed, then built again from storage, master weights, moments and step bit for
+               bit; the device memory the offload frees
+  CUDA IPC     a second process maps the storage's device copy through its CUDA IPC handle (as the other
+               local ranks of a node do) and finds the same bytes; its device-to-device copy rate
 
-    python bench/gpu_check.py [--json PATH]
+    python bench/gpu_check.py [--json PATH] [--hidden 1024 --layers 16 --intermediate 4096 --vocab 32768]
 
-Without CUDA it stops at once with a message saying so.
+Without CUDA it stops at once with a message saying so. Nothing it imports imports vLLM.
 """
 import argparse
 import json
+import math
+import shutil
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,158 +33,214 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from roles.trainer import PolicyTrainer  # noqa: E402
+from runtime import Dist, init_distributed, shutdown_distributed  # noqa: E402
+from shifting.context import RoleContext  # noqa: E402
+from storage import ParameterStorage, TrainState, export_cuda, import_cuda  # noqa: E402
+from tinymodel import make_model  # noqa: E402
+
 GiB = 1 << 30
+HYPER = dict(lr=1e-5, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0)
+NO_CUDA = ("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU machine "
+           "with a CUDA build of torch")
 
 
-def qwen2_1p5b_config():
-    from transformers import Qwen2Config
-    return Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                       num_attention_heads=12, num_key_value_heads=2, head_dim=128,
-                       max_position_embeddings=4096, tie_word_embeddings=True)
+@dataclass
+class TrainSample:
+    """What PolicyTrainer.train_step reads of a sample (roles.rollout.Sample, whose module imports vLLM)."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    advantage: float
 
 
-def timed(fn) -> float:
-    torch.cuda.synchronize()
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn):
+    """(fn's result, its seconds), the device's queued work included."""
+    synchronize(device)
     start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - start
 
 
-def pinned_rates(nbytes: int = GiB, repeats: int = 5) -> dict:
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    h2d = min(timed(lambda: device.copy_(host, non_blocking=True)) for _ in range(repeats))
-    d2h = min(timed(lambda: host.copy_(device, non_blocking=True)) for _ in range(repeats))
-    return {"h2d_GBps": nbytes / h2d / 1e9, "d2h_GBps": nbytes / d2h / 1e9}
+def batch(vocab: int, samples: int, prompt: int, response: int, seed: int) -> list[TrainSample]:
+    """GRPO samples of random tokens; the old logprobs are those of a uniform policy."""
+    gen = torch.Generator().manual_seed(seed)
+    return [TrainSample(torch.randint(0, vocab, (prompt,), generator=gen).tolist(),
+                        torch.randint(0, vocab, (response,), generator=gen).tolist(),
+                        [-math.log(vocab)] * response, 1.0 if i % 2 else -1.0) for i in range(samples)]
 
 
-def storage_round_trip(d, config) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    from storage import ParameterStorage
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    params = dict(model.named_parameters())
-    storage = ParameterStorage(d, "gpu-check", [(n, tuple(p.shape), p.dtype) for n, p in params.items()])
-    nbytes = sum(p.numel() * p.element_size() for p in params.values())
-    before = {n: p.detach().clone() for n, p in params.items()}
-    offload = timed(lambda: storage.publish(((n, p.detach()) for n, p in params.items()), version=1))
-
-    def onload(source):
-        with torch.no_grad():
-            for name, tensor in source:
-                params[name].copy_(tensor, non_blocking=True)
-
-    with torch.no_grad():
-        for p in params.values():
-            p.zero_()
-    host_onload = timed(lambda: onload(storage.named_tensors()))
-    host_exact = all(torch.equal(params[n], t) for n, t in before.items())
-    storage.share_on_device()
-    with torch.no_grad():
-        for p in params.values():
-            p.zero_()
-    device_onload = timed(lambda: onload(storage.named_tensors()))  # now the device copy's views
-    device_exact = all(torch.equal(params[n], t) for n, t in before.items())
-    storage.close()
-    return {"params": sum(p.numel() for p in params.values()), "bytes": nbytes,
-            "offload_s": offload, "offload_GBps": nbytes / offload / 1e9,
-            "onload_s": host_onload, "onload_GBps": nbytes / host_onload / 1e9, "onload_exact": host_exact,
-            "device_copy_onload_s": device_onload, "device_copy_onload_GBps": nbytes / device_onload / 1e9,
-            "device_copy_exact": device_exact}
+def weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    """Full inference-dtype weights on the host; collective over the train group."""
+    return dict(trainer.full_weights())
 
 
-def _ipc_child(handle, results) -> None:
-    from storage import import_cuda
+def master_rows(trainer: PolicyTrainer) -> list[torch.Tensor]:
+    """This rank's fp32 master rows (a step of lr 1e-5 may not show in bf16 weights)."""
+    return [p.to_local().detach().clone() for p in trainer.model.parameters()]
+
+
+def check_trainer(d: Dist, trainer: PolicyTrainer, steps: list[list[TrainSample]]) -> dict:
+    before = master_rows(trainer)
+    stats, seconds = [], []
+    for samples in steps:
+        result, s = timed(d.device, lambda: trainer.train_step([samples]))
+        stats.append(result)
+        seconds.append(s)
+    moved = max((a - b).abs().max().item() for a, b in zip(master_rows(trainer), before) if a.numel())
+    finite = all(math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"]) for s in stats)
+    tokens = sum(len(s.response_ids) for s in steps[0])
+    return {"ok": finite and moved > 0, "step_s": seconds, "response_tokens_per_step": tokens,
+            "loss": [s["loss"] for s in stats], "grad_norm": [s["grad_norm"] for s in stats], "moved": moved}
+
+
+def check_publish(d: Dist, trainer: PolicyTrainer, policy: ParameterStorage, version: int) -> dict:
+    _, seconds = timed(d.device, lambda: policy.publish_shards(trainer.weight_rows(), version))
+    full = weights(trainer)
+    exact = policy.version == version and all(torch.equal(full[n], t) for n, t in policy.views.items())
+    nbytes = policy.last_publish["bytes"]
+    return {"ok": exact, "seconds": seconds, "bytes": nbytes, "GBps": nbytes / seconds / 1e9}
+
+
+def check_device_copy(d: Dist, trainer: PolicyTrainer, policy: ParameterStorage, version: int) -> dict:
+    """CUDA only: the device-resident copy, made and then following a publish."""
+    _, share_s = timed(d.device, policy.share_on_device)
+    policy.publish_shards(trainer.weight_rows(), version)
+    exact = torch.equal(policy.device_buffer.cpu(), policy.buffer)
+    nbytes = policy.nbytes
+    return {"ok": exact, "share_s": share_s, "bytes": nbytes, "GBps": nbytes / share_s / 1e9}
+
+
+def check_train_shift(d: Dist, ctx: RoleContext) -> dict:
+    """train -> rollout -> train: offload to storage and free, then build again from storage."""
+    before = [(name, rows.detach().clone(), first) for name, rows, first in ctx.trainer.state_rows()]
+    allocated = torch.cuda.memory_allocated(d.device) if d.device.type == "cuda" else 0
+    away, offload_s = timed(d.device, lambda: ctx.apply(["rollout"] * d.world_size))
+    freed = allocated - torch.cuda.memory_allocated(d.device) if d.device.type == "cuda" else 0
+    back, onload_s = timed(d.device, lambda: ctx.apply(["train"] * d.world_size))
+    after = list(ctx.trainer.state_rows())
+    exact = len(after) == len(before) and all(
+        na == nb and fa == fb and torch.equal(ra, rb) for (na, ra, fa), (nb, rb, fb) in zip(after, before))
+    nbytes = sum(rows.numel() * rows.element_size() for _, rows, _ in before)
+    return {"ok": exact, "state_bytes": nbytes, "offload_s": offload_s, "offload_GBps": nbytes / offload_s / 1e9,
+            "onload_s": onload_s, "onload_GBps": nbytes / onload_s / 1e9, "freed_GiB": freed / GiB,
+            "stages": {"away": away, "back": back}}
+
+
+def _ipc_child(handle, expected: int, results) -> None:
     torch.cuda.set_device(0)
     shared = import_cuda(handle)
-    ok = bool((shared == 7).all().item())
+    seen = int(shared.view(torch.int32).sum(dtype=torch.int64).item())
     local = torch.empty_like(shared)
-    seconds = min(timed(lambda: local.copy_(shared)) for _ in range(5))
-    results.put({"ok": ok, "d2d_GBps": shared.numel() / seconds / 1e9})
+    _, seconds = timed(shared.device, lambda: local.copy_(shared))
+    results.put({"checksum_equal": seen == expected, "d2d_GBps": shared.numel() / seconds / 1e9})
 
 
-def ipc_share(nbytes: int = GiB) -> dict:
+def check_ipc(policy: ParameterStorage) -> dict:
+    """CUDA only: another process maps the storage's device copy and reads the same bytes."""
     import torch.multiprocessing as mp
-
-    from storage import export_cuda
-    tensor = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+    expected = int(policy.device_buffer.view(torch.int32).sum(dtype=torch.int64).item())
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start = time.perf_counter()
-    child = ctx.Process(target=_ipc_child, args=(export_cuda(tensor), results))
+    child = ctx.Process(target=_ipc_child, args=(export_cuda(policy.device_buffer), expected, results))
     child.start()
     result = results.get(timeout=120)
     child.join(timeout=60)
-    # `tensor` stays alive until here: the child's mapping needs the parent's memory.
-    return {**result, "child_s": time.perf_counter() - start, "child_exit": child.exitcode}
+    # The storage keeps the exported memory alive until here: the child's mapping needs it.
+    return {"ok": result["checksum_equal"] and child.exitcode == 0, **result, "child_s": time.perf_counter() - start,
+            "child_exit": child.exitcode}
 
 
-def fsdp_steps(d, config, steps: int = 2, batch: int = 4, seq: int = 1024) -> dict:
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    mesh = DeviceMesh.from_group(d.tensors, "cuda")
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
-    times, losses = [], []
+def run(d: Dist, model_dir: str, args) -> dict:
+    """Every check that `d.device` allows, in order (CUDA: all of them)."""
+    state = TrainState(d, model_dir, keep_reference=False)
 
-    def step():
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    def make_trainer(group):
+        return PolicyTrainer(state, group, d.device, micro_batch=args.micro_batch, **HYPER)
 
-    for _ in range(steps):
-        times.append(timed(step))
-    return {"step_s": times, "losses": losses, "tokens_per_step": batch * seq,
-            "peak_memory_GiB": torch.cuda.max_memory_allocated() / GiB}
+    ctx, build_s = timed(d.device, lambda: RoleContext(
+        d, ["train"] * d.world_size, policy=None, genrm=None, train_state=state, rollout_engine=None,
+        genrm_engine=None, make_trainer=make_trainer))
+    policy = ParameterStorage(d, "gpu-check-policy", ctx.trainer.weight_shapes())
+    steps = [batch(state.config.vocab_size, args.samples, args.prompt_tokens, args.response_tokens, seed)
+             for seed in (0, 1)]
+    checks = {"trainer": {**check_trainer(d, ctx.trainer, steps), "build_s": build_s,
+                          "peak_memory_GiB": torch.cuda.max_memory_allocated(d.device) / GiB
+                          if d.device.type == "cuda" else None},
+              "publish": check_publish(d, ctx.trainer, policy, version=1)}
+    if d.device.type == "cuda":
+        checks["device copy"] = check_device_copy(d, ctx.trainer, policy, version=2)
+    checks["train shift"] = check_train_shift(d, ctx)
+    if d.device.type == "cuda":
+        checks["CUDA IPC"] = check_ipc(policy)
+    for held in (policy, state):
+        held.close()
+    return checks
+
+
+def summary(name: str, check: dict) -> str:
+    figures = {
+        "trainer": lambda c: (f"build {c['build_s']:.2f} s, steps " + " ".join(f"{s:.2f}" for s in c["step_s"])
+                              + f" s, loss {c['loss'][-1]:.3f}, moved {c['moved']:.2e}"),
+        "publish": lambda c: f"{c['seconds']:.3f} s, {c['GBps']:.1f} GB/s",
+        "device copy": lambda c: f"{c['share_s']:.3f} s, {c['GBps']:.1f} GB/s",
+        "train shift": lambda c: (f"offload {c['offload_s']:.2f} s ({c['offload_GBps']:.1f} GB/s), onload "
+                                  f"{c['onload_s']:.2f} s ({c['onload_GBps']:.1f} GB/s), "
+                                  f"freed {c['freed_GiB']:.1f} GiB"),
+        "CUDA IPC": lambda c: f"child D2D {c['d2d_GBps']:.1f} GB/s, exit {c['child_exit']}",
+    }
+    return f"  {name:<13}{'PASS' if check['ok'] else 'FAIL'}  {figures[name](check)}"
+
+
+def shm_needed(params: int) -> int:
+    """Host shared memory for the check: the fp32 train state (master weights and two moments) and the bf16
+    weights, with a margin for alignment and the frozen buffers."""
+    return int(params * (3 * 4 + 2) * 1.05)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--intermediate", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--samples", type=int, default=16, help="samples per train step")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--response-tokens", type=int, default=448)
+    p.add_argument("--micro-batch", type=int, default=8)
     args = p.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU "
-                 "machine with a CUDA build of torch")
-    from runtime import init_distributed, shutdown_distributed
-    d = init_distributed()
-    config = qwen2_1p5b_config()
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    results["pinned"] = pinned_rates()
-    results["storage"] = storage_round_trip(d, config)
-    torch.cuda.empty_cache()
-    results["ipc"] = ipc_share()
-    torch.cuda.empty_cache()
-    results["fsdp"] = fsdp_steps(d, config)
-    shutdown_distributed(d)
-
-    s, f = results["storage"], results["fsdp"]
-    rows = [("pinned host -> device", f"{results['pinned']['h2d_GBps']:.1f} GB/s"),
-            ("pinned device -> host", f"{results['pinned']['d2h_GBps']:.1f} GB/s"),
-            (f"storage offload, {s['params'] / 1e9:.2f}B bf16", f"{s['offload_s']:.3f} s  {s['offload_GBps']:.1f} GB/s"),
-            ("storage onload (pinned host)", f"{s['onload_s']:.3f} s  {s['onload_GBps']:.1f} GB/s  exact={s['onload_exact']}"),
-            ("storage onload (device copy)", f"{s['device_copy_onload_s']:.3f} s  "
-                                             f"{s['device_copy_onload_GBps']:.1f} GB/s  exact={s['device_copy_exact']}"),
-            ("CUDA IPC share, child process", f"ok={results['ipc']['ok']}  D2D {results['ipc']['d2d_GBps']:.1f} GB/s  "
-                                              f"exit {results['ipc']['child_exit']}"),
-            ("FSDP2 train steps", "  ".join(f"{t:.2f} s" for t in f["step_s"])
-             + f"  loss {f['losses'][-1]:.3f}  peak {f['peak_memory_GiB']:.1f} GiB")]
-    print(f"{results['device']}, torch {results['torch']}")
-    for name, value in rows:
-        print(f"  {name:<34}{value}")
+        sys.exit(NO_CUDA)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = make_model(tmp, hidden=args.hidden, layers=args.layers, intermediate=args.intermediate,
+                            vocab=args.vocab, config_only=True)
+        free = shutil.disk_usage("/dev/shm").free
+        if free < shm_needed(params):
+            sys.exit(f"gpu_check: /dev/shm has {free / GiB:.1f} GiB free and the storage needs "
+                     f"{shm_needed(params) / GiB:.1f} GiB: lower --layers or --hidden, or give the machine (or "
+                     f"container: docker --shm-size) more shared memory")
+        make_model(tmp, hidden=args.hidden, layers=args.layers, intermediate=args.intermediate, vocab=args.vocab)
+        d = init_distributed()
+        results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "nccl": ".".join(map(str, torch.cuda.nccl.version())), "params": params,
+                   "checks": run(d, tmp, args)}
+        shutdown_distributed(d)
+    print(f"{results['device']}, torch {results['torch']}, NCCL {results['nccl']}, "
+          f"policy of {params / 1e6:.0f}M parameters")
+    for name, check in results["checks"].items():
+        print(summary(name, check))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if not all(c["ok"] for c in results["checks"].values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

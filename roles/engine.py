@@ -15,6 +15,11 @@ from roles import logs  # before vLLM, which warns as it is imported
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
+GIB = 1 << 30
+# What an engine takes on the device beyond its weights and KV cache (its profile run's activations,
+# CUDA graphs, sampler buffers): the margin of its start-up memory check (`--engine-overhead-mb`).
+ENGINE_OVERHEAD_MB = 1024
+
 
 @dataclass
 class Request:
@@ -47,11 +52,34 @@ class Completion:
 
 
 class Engine:
-    """A vLLM engine living in this rank's process (torchrun's external launcher: no extra workers)."""
+    """A vLLM engine living in this rank's process (torchrun's external launcher: no extra workers).
 
-    def __init__(self, model_dir: str, *, seed: int, max_model_len: int, kv_cache_bytes: int):
+    On GPU, at most one engine per process may use vLLM's sleep mode: its CuMemAllocator is one per
+    process, and the worker refuses a second engine's weights into it (`Worker.load_model` through
+    `_maybe_get_memory_pool_context` in vllm/v1/worker/gpu_worker.py). The engine with `sleep_mode`
+    starts asleep, so the engines made after it, and the trainer, start with its memory free; the
+    others keep their weights and KV cache on the device for the whole run (README, "GPUs and several
+    nodes").
+    `from_storage`: the weights will come from the storage (`RoleContext` loads the stored version on
+    the engine's first arrival), so none are read from disk: vLLM fills the model with dummy values."""
+
+    sleep_mode_taken = False  # by an engine of this process
+
+    def __init__(self, model_dir: str, *, seed: int, max_model_len: int, kv_cache_bytes: int,
+                 sleep_mode: bool = False, from_storage: bool = False,
+                 overhead_bytes: int = ENGINE_OVERHEAD_MB << 20):
         on_gpu = torch.cuda.is_available()
+        self.on_gpu = on_gpu
+        self.sleep_mode = on_gpu and sleep_mode  # vLLM's sleep and wake are no-ops on CPU
+        if self.sleep_mode and Engine.sleep_mode_taken:
+            raise ValueError("a second engine with sleep_mode in one process: vLLM's sleep mode allows one "
+                             "engine per process; give sleep_mode to one engine only")
         _ensure_expert_group()
+        self.skeleton = _meta_model(model_dir)
+        options = {}
+        if on_gpu:
+            options["gpu_memory_utilization"] = _memory_fraction(model_dir, self.skeleton, kv_cache_bytes,
+                                                                 overhead_bytes)
         with logs.engine_start():
             self.llm = LLM(
                 model=model_dir,
@@ -67,17 +95,22 @@ class Engine:
                 # The trainer's ratio needs the logprob of the distribution actually sampled from
                 # (after temperature); vLLM's default is the raw one.
                 logprobs_mode="processed_logprobs",
-                enable_sleep_mode=on_gpu,
+                enable_sleep_mode=self.sleep_mode,
                 enforce_eager=not on_gpu,
+                load_format="dummy" if from_storage else "auto",
                 log_level=logs.engine_log_level(),
                 use_tqdm_on_load=logs.showing_all(),
+                **options,
             )
+        Engine.sleep_mode_taken |= self.sleep_mode
         self.vllm = self.llm.llm_engine
-        self.skeleton = _meta_model(model_dir)
         self.llm.collective_rpc(_install_rng_restore)
         self.requests: dict[str, Request] = {}
         self.completions: dict[str, Completion] = {}
-        self.sleep_mode = on_gpu  # vLLM's sleep and wake are no-ops on CPU
+        self.asleep = False  # weights and KV cache discarded by a level-2 sleep
+        if self.sleep_mode:
+            # Asleep until its rank first takes its role (TRL's colocate mode sleeps its engine at once too).
+            self.sleep()
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Loads weights named as in the checkpoint or as in transformers' module (the trainer's names)."""
@@ -88,7 +121,7 @@ class Engine:
         # In-place reload keeps the engine's KV cache and compiled state; the model's own
         # load_weights fails after start-up on CPU ('Parameter' has no 'weight_loader').
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
-        if not self.sleep_mode:
+        if not self.on_gpu:
             self.llm.collective_rpc(_repack_tied_head)
             self.llm.collective_rpc(_repack_moe_experts)
 
@@ -100,19 +133,24 @@ class Engine:
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        """GPU: discards weights and KV cache (level 2: the storage holds the weights). CPU: no-op, the
-        engine keeps both in host memory."""
-        if self.sleep_mode:
+        """GPU, sleep mode: discards weights and KV cache (level 2: the storage holds the weights, so
+        level 1's copy of them to host memory would be wasted). Otherwise a no-op: the engine keeps both."""
+        if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=2)
+            self.asleep = True
 
     def wake_weights(self) -> None:
-        # Weights first and alone: the KV cache's memory is claimed only once they are loaded.
-        if self.sleep_mode:
+        # Weights first and alone: the KV cache's memory is claimed only once they are loaded. After a
+        # level-2 sleep they hold no values until loaded again (vLLM #29341: a wake without a full reload
+        # serves garbage).
+        if self.asleep:
             self.llm.wake_up(tags=["weights"])
 
     def wake_kv_cache(self) -> None:
-        if self.sleep_mode:
+        # vLLM resumes scheduling once both tags are awake (EngineCore.wake_up in vllm/v1/engine/core.py).
+        if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
 
     def add(self, requests: list[Request]) -> None:
         for req in requests:
@@ -180,6 +218,23 @@ def unsupported_architectures(architectures: list[str]) -> list[str]:
     """Those of a config's `architectures` that this vLLM version cannot run."""
     from vllm import ModelRegistry
     return [a for a in architectures if a not in ModelRegistry.get_supported_archs()]
+
+
+def _memory_fraction(model_dir: str, skeleton: torch.nn.Module, kv_cache_bytes: int, overhead_bytes: int) -> float:
+    """The gpu_memory_utilization of an engine whose KV cache is given in bytes. vLLM then sizes nothing
+    by it (CacheConfig.kv_cache_memory_bytes in vllm/config/cache.py) but still requires that fraction of
+    the device to be free when the engine starts (`request_memory` in vllm/v1/worker/utils.py, from
+    Worker.init_device): its default, 0.92, fails for any engine started beside another. This engine's
+    own need (bf16 weights, KV cache, overhead) as the fraction makes that check ask the right question."""
+    free, total = torch.cuda.mem_get_info()
+    weights = sum(p.numel() for p in skeleton.parameters()) * torch.bfloat16.itemsize
+    need = weights + kv_cache_bytes + overhead_bytes
+    if need > free:
+        raise RuntimeError(f"{model_dir}: its engine needs {need / GIB:.2f} GiB on the device (weights "
+                           f"{weights / GIB:.2f}, KV cache {kv_cache_bytes / GIB:.2f}, overhead "
+                           f"{overhead_bytes / GIB:.2f}) and {free / GIB:.2f} GiB are free: lower --kv-cache-mb or "
+                           f"--genrm-kv-cache-mb, or use a smaller model")
+    return need / total
 
 
 def _ensure_expert_group() -> None:

@@ -62,11 +62,13 @@ def fill_template(template: str, prompt: str, response: str, reference: str | No
 class GenRM:
     def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
                  kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, judge_kind: str = "verdict",
-                 longtail: bool = False):
+                 longtail: bool = False, **engine_options):
+        """`engine_options`: `Engine`'s sleep mode, weights from storage and device memory margin."""
         self.tokenizer, self.template, self.seed, self.longtail = tokenizer, template, seed, longtail
         self.judge_kind, self.parse = judge_kind, parser(judge_kind)
         self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
-        self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes)
+        self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
+                             **engine_options)
 
     def request(self, sample, step: int, retry: bool = False) -> Request:
         """The judge's request for a sample: greedy, or sampled with its own seed on a retry; under the

@@ -39,9 +39,12 @@ def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> i
 
 
 class RolloutEngine:
-    def __init__(self, policy_dir: str, tokenizer, *, seed: int, max_model_len: int, kv_cache_bytes: int):
+    def __init__(self, policy_dir: str, tokenizer, *, seed: int, max_model_len: int, kv_cache_bytes: int,
+                 **engine_options):
+        """`engine_options`: `Engine`'s sleep mode, weights from storage and device memory margin."""
         self.tokenizer = tokenizer
-        self.engine = Engine(policy_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes)
+        self.engine = Engine(policy_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
+                             **engine_options)
 
     @staticmethod
     def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,

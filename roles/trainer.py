@@ -90,7 +90,9 @@ class PolicyTrainer:
         self.state, self.group, self.device = state, group, device
         self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
         self.grad_clip, self.micro_batch = grad_clip, micro_batch
-        mesh = DeviceMesh.from_group(group, device.type)
+        # Named after the group: meshes compare equal by ranks alone, so a group destroyed and made again
+        # (shifting/context.py keeps two) would otherwise hit DTensor's cached shardings of the old mesh.
+        mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"train-{group.group_name}",))
         mp = MixedPrecisionPolicy(param_dtype=inference_dtype(device), reduce_dtype=torch.float32)
         self.model = self._sharded(mesh, mp, "master")
         self.reference = self._sharded(mesh, mp, "reference").requires_grad_(False) if kl_coef > 0 else None
@@ -231,7 +233,7 @@ class PolicyTrainer:
             loss, clipped = self._micro_step(chunk or samples[:1], real=bool(chunk))
             # FSDP averages gradients over the group; this scale makes them token-level means.
             (loss * world / total_tokens).backward()
-            sums += torch.tensor([loss.item(), clipped], device=self.device)
+            sums += sums.new_tensor([loss.item(), clipped])
         dist.all_reduce(sums, group=self.group)
         return sums[0].item(), sums[1].item()
 
@@ -254,15 +256,15 @@ class PolicyTrainer:
             else:
                 self.optimizer.zero_grad(set_to_none=True)
             loss_sum, clipped = self._backward(mb, max(total_tokens, 1)) if mb else (0.0, 0.0)
-            sums = torch.tensor([loss_sum + carried["loss_sum"], clipped + carried["clipped"]])
+            sums = (loss_sum + carried["loss_sum"], clipped + carried["clipped"])
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             faults.point("train", dist.get_rank())
             self.optimizer.step()
             self.accumulated = 0
-            stats["loss"] += sums[0].item() / max(total_tokens, 1) / len(minibatches)
-            stats["clip_frac"] += sums[1].item() / max(total_tokens, 1) / len(minibatches)
+            stats["loss"] += sums[0] / max(total_tokens, 1) / len(minibatches)
+            stats["clip_frac"] += sums[1] / max(total_tokens, 1) / len(minibatches)
             stats["grad_norm"] += grad_norm.item() / len(minibatches)
             stats["tokens"] += total_tokens
         return stats

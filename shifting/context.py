@@ -14,6 +14,8 @@ rollout/trainer switch, which is the one that works on GPUs):
               the train role builds its FSDP2 module over the new train group and loads its rows.
   4. ready    B's RNG state is restored.
 
+On GPU only the policy's engine sleeps (vLLM allows one sleep-mode engine per process); the judge's engine
+keeps its weights and KV cache on the device, so it loads, like an engine on CPU, only a newer version.
 On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
 its rank holds another role (rebuilding an engine costs ~10 s), and onload reloads its weights from
 storage only when a newer version was published since it last loaded (the policy after an update; the
@@ -24,9 +26,17 @@ the stored state into it; a changed group builds a new one.
 An engine whose rank keeps its role still loads each newly published version at the next `apply` (a
 disaggregated rollout rank after every update), reported as a rollout -> rollout shift of its onload.
 
+An engine asleep when its rank already holds its role (a policy engine created asleep, at the first
+`apply`) onloads like an arriving one.
+
 `apply` is collective: every rank passes the same assignment. Writing the train state and making the
 new train group involve every rank, so a train rank that stays while the group changes is resharded
-too, and reported as a train -> train shift.
+too, and reported as a train -> train shift. Train groups other than the whole world are kept for the
+current and the previous train group only (a group A, then B, then A again reuses A); older ones are
+destroyed on every rank in the same order, since each NCCL communicator holds device memory.
+
+Engines may be None (checks of the train role alone, such as bench/gpu_check.py): their roles then hold
+nothing to move.
 """
 import time
 from contextlib import contextmanager
@@ -39,12 +49,14 @@ from roles import ROLES
 from runtime import Dist
 
 STAGES = ("drain", "offload", "onload", "ready")
+KEPT_GROUPS = 2  # the current train group and the previous one
 
 
 class RoleContext:
     """This rank's role and what it holds for it: the two engines (kept, see above) and, while it
     trains, the trainer. `make_trainer(group)` builds a trainer from the training state in storage.
-    `observer.shifted(record, start)`, if given, hears of each shift this rank makes (timeline.py)."""
+    `groups`: the train groups kept, least recently used first. `observer.shifted(record, start)`, if
+    given, hears of each shift this rank makes (timeline.py)."""
 
     def __init__(self, d: Dist, roles: list[str], *, policy, genrm, train_state, rollout_engine,
                  genrm_engine, make_trainer, observer=None):
@@ -71,12 +83,14 @@ class RoleContext:
         old, new = self.role, roles[self.d.rank]
         regroup = train_ranks(roles) != train_ranks(self.roles)
         moving = old != new or (regroup and new == "train")
-        # An engine that keeps its role still loads a newer published version (disaggregated rollout).
-        refresh = not moving and new in self.engines and self._stale(new)
+        # An engine that keeps its role still loads a newer published version (disaggregated rollout),
+        # and one still asleep wakes (a policy engine created asleep).
+        engine = self.engines.get(new)
+        refresh = not moving and engine is not None and (engine.asleep or self._stale(new))
         seconds, moved = {}, 0
         start = self.observer.now() if self.observer else 0.0
         with stage(seconds, "drain"):
-            if moving and old != "train":
+            if moving and self.engines.get(old) is not None:
                 self.engines[old].drain()
         with stage(seconds, "offload"):
             # Every rank takes part; the train ranks write their rows. With no train rank yet there is
@@ -91,7 +105,7 @@ class RoleContext:
             if moving:
                 moved = self._onload(new, group)
             elif refresh:
-                moved = self._load(new)
+                moved = self._onload(new, None)
         with stage(seconds, "ready"):
             if moving and new in self.rng:
                 set_rng_state(self.rng.pop(new))
@@ -114,7 +128,7 @@ class RoleContext:
             else:
                 self.trainer.close()
             self.trainer = None
-        else:
+        elif self.engines[role] is not None:
             self.engines[role].sleep()
 
     def _onload(self, role: str, group) -> int:
@@ -128,9 +142,13 @@ class RoleContext:
             self.parked = None
             return sum(rows.numel() * rows.element_size() for _, rows, _ in self.trainer.state_rows())
         engine = self.engines[role]
+        if engine is None:
+            return 0
+        # Asleep (GPU, sleep mode), an engine discarded its weights; otherwise it kept them, and loads only
+        # a newer version.
+        discarded = engine.asleep
         engine.wake_weights()
-        # Asleep on GPU, an engine discarded its weights; on CPU it kept them, and loads only a newer version.
-        moved = self._load(role) if engine.sleep_mode or self._stale(role) else 0
+        moved = self._load(role) if discarded or self._stale(role) else 0
         engine.wake_kv_cache()
         return moved
 
@@ -145,13 +163,26 @@ class RoleContext:
         return loaded["bytes"]
 
     def _group(self, ranks: list[int]):
-        """The process group of `ranks`, made once; collective, so every rank asks in the same order."""
+        """The process group of `ranks`; collective, so every rank asks in the same order. A group no
+        longer kept is destroyed before a new one is made, so a rank holds at most KEPT_GROUPS of them."""
         if len(ranks) == self.d.world_size:
             return self.d.tensors
         key = tuple(ranks)
-        if key not in self.groups:
-            self.groups[key] = dist.new_group(list(ranks))
+        if key in self.groups:
+            self.groups[key] = self.groups.pop(key)  # now the most recently used
+            return self.groups[key]
+        while len(self.groups) >= KEPT_GROUPS:
+            self._destroy(next(iter(self.groups)))
+        self.groups[key] = dist.new_group(list(ranks))
         return self.groups[key]
+
+    def _destroy(self, key: tuple[int, ...]) -> None:
+        """Destroys a kept group on every rank (a rank outside it destroys nothing). Neither the trainer
+        (its group is the newest) nor, on CPU, a parked trainer of that group ever uses it again."""
+        group = self.groups.pop(key)
+        if self.parked is not None and self.parked.group is group:
+            self.parked = None
+        dist.destroy_process_group(group)
 
 
 def get_rng_state():
