@@ -89,15 +89,18 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
         for r in records:
             for shift in r["shifts"]:
                 shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
-        # Training: the steps' tokens over the train ranks' busy seconds. Nothing else runs during the
-        # update, so all `ranks` train ranks are busy together.
+        # Training: the tokens of the steps trained all at the end over the train ranks' busy seconds.
+        # Nothing else runs during that update, so all `ranks` train ranks are busy together; a step
+        # that trained early mixes train groups of other sizes, busy beside engines, and is left out.
         split = dict(part.split("=") for part in config["split"].split(",")) if config["split"] else {}
         ranks = int(split.get("train", nproc))
-        tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in logged)
-        seconds = sum(r["busy_s"]["train"] for r in records) / shared_cores(ranks, cpus)
+        whole = {r["step"] for r in records if not r.get("early_trained_groups")}
+        tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in logged if s["step"] in whole)
+        seconds = sum(r["busy_s"]["train"] for r in records if r["step"] in whole) / shared_cores(ranks, cpus)
         t = train.setdefault(ranks, [0, 0.0])
         t[0], t[1] = t[0] + tokens, t[1] + seconds
-    out = {"cpus": cpus, "max_seqs": config["max_seqs"], "prompts_per_step": config["prompts_per_step"],
+    out = {"cpus": cpus, "max_seqs": config["max_seqs"], "round_steps": config["round_steps"],
+           "prompts_per_step": config["prompts_per_step"],
            "group_size": config["group_size"], "max_response_tokens": config["max_response_tokens"],
            "max_critique_tokens": config["max_critique_tokens"],
            "prompt_tokens": statistics.mean(s["prompt_tokens"] for s in samples),
@@ -108,7 +111,8 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
            "critique_lengths": [s["critique_tokens"] for s in samples],
            "shift_s": {pair: statistics.median(seconds) for pair, seconds in sorted(shifts.items())},
            "shift_counts": {pair: len(seconds) for pair, seconds in sorted(shifts.items())},
-           "train_tokens_per_s_by_ranks": {n: tokens / seconds for n, (tokens, seconds) in sorted(train.items())}}
+           "train_tokens_per_s_by_ranks": {n: tokens / seconds for n, (tokens, seconds) in sorted(train.items())
+                                           if seconds > 0}}
     for role in ("rollout", "genrm"):
         rows = [row for r in steps for row in r["engine_steps"][role]]  # [busy ranks, batch, steps, s, prefill]
         decode = [(b, s / n / shared_cores(k, cpus), n) for k, b, n, s, tokens in rows if not tokens]
@@ -129,8 +133,10 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
                 "predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in level) * shared_cores(k, cpus) / n}
     # The rounds: what one costs beyond its busiest rank's engine steps, the planner's time and the shifts
     # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole round.
-    out["exchange_per_round_s"] = sum(r["exchange_s"] for r in steps) / sum(r["rounds"] for r in steps)
-    for key, seconds in (("plan_per_round_s", "plan_s"), ("round_mean_s", "rollout_judge_s")):
+    # Each per placement: timed rounds (disaggregated, pivot; their ranks look up the round's end in the
+    # store between steps) and colocated's run-until-empty ones cost differently beyond their steps.
+    for key, seconds in (("exchange_per_round_s", "exchange_s"), ("plan_per_round_s", "plan_s"),
+                         ("round_mean_s", "rollout_judge_s")):
         out[key] = {p: sum(r[seconds] for r in placed[p]) / sum(r["rounds"] for r in placed[p]) for p in placed}
     return out
 
@@ -252,8 +258,8 @@ def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
     print("  train    " + ", ".join(f"{n} rank(s) {v:.0f}" for n, v in model["train_tokens_per_s_by_ranks"].items())
           + " tokens/s per rank")
     print("  shifts   " + ", ".join(f"{pair} {v:.3f} s" for pair, v in model["shift_s"].items()))
-    print(f"  rounds   {model['exchange_per_round_s'] * 1e3:.1f} ms of exchange each; planner "
-          + ", ".join(f"{p} {v * 1e3:.2f}" for p, v in model["plan_per_round_s"].items()) + " ms; a whole round "
+    print("  rounds   exchange " + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["exchange_per_round_s"].items())
+          + " ms each; planner " + ", ".join(f"{p} {v * 1e3:.2f}" for p, v in model["plan_per_round_s"].items()) + " ms; a whole round "
           + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["round_mean_s"].items()) + " ms")
     print("\nreward per step (first repeat)")
     print("step " + " ".join(f"{p:>13s}" for p in table))

@@ -4,9 +4,12 @@ as calibrated and with one workload or cost figure changed at a time, side by si
     python bench/sim_whatif.py [--gpus 128] [--model-group all] [--steps 2] [--json PATH]
 
 For every case it prints pivot/colocated and pivot/disaggregated, the share of colocated's device-seconds
-spent idle (all that moving devices between roles can fill) and how colocated's step divides: until the
-last response, then the last verdict, then the end of the update. The changed figures are not
-calibrated: they ask what the ratios would be if the workload or the costs were so.
+spent idle (all that moving devices between roles can fill), the share of pivot's spent waiting for
+other devices with work in hand (a round held open, a collective shift), and how colocated's step
+divides: until the last response, then the last verdict, then the end of the update. The changed
+figures are not calibrated: they ask what the ratios would be if the workload or the costs were so.
+The last cases change the loop's rounds instead (sim.engine.RoundRules), in ways pivot_train.py does
+not work: they ask what such a change of the loop would be worth.
 """
 import argparse
 import copy
@@ -20,18 +23,25 @@ from sim.__main__ import PAPER, simulate  # noqa: E402
 from sim.calibration import load  # noqa: E402
 
 
-# name -> (what it asks, {calibration entry: factor applied to its value})
+# name -> (what it asks, {calibration entry: factor applied to its value}, {RoundRules field: value})
 CASES = {
-    "as calibrated": ("", {}),
+    "as calibrated": ("", {}, {}),
     "128 prompts": ("a quarter of the prompts per step: fewer sequences per device, so the tail weighs more",
-                    {"workload.prompts_per_step": 0.25}),
+                    {"workload.prompts_per_step": 0.25}, {}),
     "tail p99 30x": ("responses with p99 at 30x the median instead of 10x (same budget)",
-                     {"workload.response_p99_over_median": 3.0}),
+                     {"workload.response_p99_over_median": 3.0}, {}),
     "critiques 8k": ("a judge that reasons at RM-R1's length: 8,192-token critiques",
-                     {"workload.max_critique_tokens": 2.0}),
+                     {"workload.max_critique_tokens": 2.0}, {}),
     "free shifts": ("moves and publishing that cost nothing: wake 0 s, host and node links 1,000x faster",
                     {"h200.engine_wake_s": 0.0, "h200.h2d_bytes_per_s": 1000.0, "h200.d2h_bytes_per_s": 1000.0,
-                     "h200.node_link_bytes_per_s": 1000.0}),
+                     "h200.node_link_bytes_per_s": 1000.0}, {}),
+    "rounds x16": ("rounds of 400 engine steps' worth of time instead of 25 (pivot_train.py --round-steps 400)",
+                   {"planner.round_steps": 16.0}, {}),
+    "step on": ("a rank past the round's limit keeps stepping until every rank has reached it, so none waits "
+                "with work in hand for another's long step (a prefill chunk, a train group)", {}, {"step_on": True}),
+    "apply alone": ("a shift holds only the ranks that move; they take work again at the first round after it",
+                    {}, {"shifts_stall_all": False}),
+    "both": ("step on and apply alone", {}, {"step_on": True, "shifts_stall_all": False}),
 }
 
 
@@ -68,24 +78,25 @@ def main():
     report = {}
     print(f"{args.gpus} devices; paper: pivot/colocated {PAPER['pivot_over_colocated']}, "
           f"pivot/disaggregated {PAPER['pivot_over_disaggregated']}")
-    print(f"{'group':<20}{'case':<16}{'pivot/coloc':>12}{'pivot/disagg':>13}{'coloc idle':>11}"
+    print(f"{'group':<20}{'case':<16}{'pivot/coloc':>12}{'pivot/disagg':>13}{'coloc idle':>11}{'pivot waits':>12}"
           f"  colocated's step: rollout / judge tail / train tail")
     for group in groups:
         for name in cases:
-            cal = case_calibration(base, CASES[name][1])
-            r = simulate(cal, group, args.gpus, sim_args)
-            coloc = r["placements"]["colocated"]
+            asks, factors, changes = CASES[name]
+            r = simulate(case_calibration(base, factors), group, args.gpus, sim_args, changes)
+            coloc, pivot = r["placements"]["colocated"], r["placements"]["pivot"]
             phases = coloc["phases_s"]
             total = sum(phases.values())
             split = " / ".join(f"{v / total:.0%}" for v in phases.values())
+            waits = pivot["slot_seconds"]["waiting"] / sum(pivot["slot_seconds"].values())
             print(f"{group:<20}{name:<16}{r['pivot_over_colocated']:>11.2f}x{r['pivot_over_disaggregated']:>12.2f}x"
-                  f"{1 - coloc['busy_fraction']:>11.0%}  {split}", flush=True)
+                  f"{1 - coloc['busy_fraction']:>11.0%}{waits:>12.0%}  {split}", flush=True)
             report.setdefault(group, {})[name] = {
-                "asks": CASES[name][0], "pivot_over_colocated": r["pivot_over_colocated"],
+                "asks": asks, "pivot_over_colocated": r["pivot_over_colocated"],
                 "pivot_over_disaggregated": r["pivot_over_disaggregated"],
                 "colocated_idle_fraction": 1 - coloc["busy_fraction"], "colocated_phases_s": phases,
-                "pivot_busy_fraction": r["placements"]["pivot"]["busy_fraction"],
-                "shifts": r["placements"]["pivot"]["shifts"]}
+                "pivot_busy_fraction": pivot["busy_fraction"], "pivot_waiting_fraction": waits,
+                "pivot_over_critical_path": r["pivot_over_critical_path"], "shifts": pivot["shifts"]}
     if args.json:
         Path(args.json).write_text(json.dumps({"gpus": args.gpus, "cases": report}, indent=2))
 

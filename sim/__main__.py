@@ -7,23 +7,35 @@ the pivot one driven by planner.py. Every input figure comes from sim/calibratio
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import planner
 from sim.calibration import CalibrationError, CpuModel, GpuModel, cpu_workload, gpu_workload, load, value
-from sim.engine import Simulation
+from sim.engine import RoundRules, Simulation
 
 PLACEMENTS = ("colocated", "disaggregated", "pivot")
 PAPER = {"pivot_over_colocated": (1.81, 2.05), "pivot_over_disaggregated": (1.50, 1.95)}  # arXiv 2610.16866, 128 GPUs
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def simulate(cal: dict, group: str, gpus: int, args) -> dict:
+def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None) -> dict:
+    """Every placement of `group` on `gpus` devices; `changes`: RoundRules fields that differ from the
+    loop's rounds (what-if runs)."""
+    rules = RoundRules(int(value(cal, "planner.round_steps")), value(cal, "planner.round_poll_s"),
+                       value(cal, "planner.first_round_step_s"))
+    placements, split = PLACEMENTS, None
     if args.calibration == "cpu":
         measured = json.loads(Path(args.measured).read_text())
         model, workload = CpuModel(cal, measured), cpu_workload(measured)
+        rules = replace(rules, steps=int(measured["round_steps"]))  # the runs' --round-steps
+        if measured["split"] is None:  # the bench could not place it on its ranks
+            placements = tuple(p for p in PLACEMENTS if p != "disaggregated")
+        else:  # the split the measured disaggregated runs used
+            split = {role: int(n) for role, n in (part.split("=") for part in measured["split"].split(","))}
     else:
         model, workload = GpuModel(cal, group), gpu_workload(cal, args.prompts)
+    rules = replace(rules, **(changes or {}))
     if gpus % model.slot_gpus:
         raise SystemExit(f"--gpus {gpus}: {group} places its widest role on {model.slot_gpus} GPUs; "
                          f"pass a multiple of {model.slot_gpus}")
@@ -31,50 +43,53 @@ def simulate(cal: dict, group: str, gpus: int, args) -> dict:
     if slots < model.min_train_slots:
         raise SystemExit(f"--gpus {gpus}: {group}'s training state needs {model.min_train_slots * model.slot_gpus} "
                          f"devices; pass at least that many")
+    # Pivot trains judged groups early, as pivot_train.py does with one minibatch per step.
     config = planner.PlannerConfig(margin=value(cal, "planner.margin"), dwell=value(cal, "planner.dwell"),
-                                   early_train=model.early_train, min_train_ranks=model.min_train_slots)
-    split = None
-    if args.calibration == "cpu":  # the split the measured disaggregated runs used
-        split = {role: int(n) for role, n in (part.split("=") for part in measured["split"].split(","))}
+                                   early_train=True, min_train_ranks=model.min_train_slots)
     out = {}
-    for placement in PLACEMENTS:
-        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=split,
-                         interval=model.plan_interval_s or value(cal, "planner.interval_s"))
+    for placement in placements:
+        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=split, rules=rules)
         r = sim.run(args.steps)
         critical = r.critical_path_s
         out[placement] = {"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens / r.seconds,
                           "step_s": r.step_seconds, "shifts": r.shifts, "mean_shift_s": r.shift_seconds,
-                          "busy_fraction": r.busy_fraction, "phases_s": r.phases, "slot_seconds": r.slot_seconds,
+                          "rounds": r.rounds, "busy_fraction": r.busy_fraction, "phases_s": r.phases,
+                          "slot_seconds": r.slot_seconds,
                           "split": {k: v * model.slot_gpus for k, v in r.split.items()}}
     pivot = out["pivot"]["samples_per_s"]
     # The same seed draws the same steps for every placement: one critical path.
     return {"gpus": gpus, "placements": out, "critical_path_s": critical,
             "colocated_over_critical_path": sum(out["colocated"]["step_s"]) / critical,
+            "pivot_over_critical_path": sum(out["pivot"]["step_s"]) / critical,
             "pivot_over_colocated": pivot / out["colocated"]["samples_per_s"],
-            "pivot_over_disaggregated": pivot / out["disaggregated"]["samples_per_s"]}
+            "pivot_over_disaggregated": pivot / out["disaggregated"]["samples_per_s"] if "disaggregated" in out
+            else None}
 
 
-def print_group(group: str, r: dict) -> None:
+def print_group(group: str, r: dict, paper: bool) -> None:
     print(f"\n{group} on {r['gpus']} devices")
     print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'busy':>6}{'shifts':>8}"
-          f"{'mean shift s':>14}  roles at start (devices)")
+          f"{'mean shift s':>14}{'rounds/step':>13}  roles at start (devices)")
     for name, p in r["placements"].items():
-        step = sum(p["step_s"]) / len(p["step_s"])
-        print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{step:>9.1f}"
-              f"{p['busy_fraction']:>6.0%}{p['shifts']:>8}{p['mean_shift_s']:>14.2f}  {p['split']}")
+        steps = len(p["step_s"])
+        print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{sum(p['step_s']) / steps:>9.1f}"
+              f"{p['busy_fraction']:>6.0%}{p['shifts']:>8}{p['mean_shift_s']:>14.2f}{p['rounds'] / steps:>13.0f}"
+              f"  {p['split']}")
     states = list(next(iter(r["placements"].values()))["slot_seconds"])
-    print(f"  {'device-seconds':<15}" + "".join(f"{k:>14}" for k in states))
+    print(f"  {'device-seconds':<14}" + "".join(f"{k:>13}" for k in states))
     for name, p in r["placements"].items():
         total = sum(p["slot_seconds"].values())
-        print(f"  {name:<15}" + "".join(f"{p['slot_seconds'][k] / total:>14.0%}" for k in states))
+        print(f"  {name:<14}" + "".join(f"{p['slot_seconds'][k] / total:>13.0%}" for k in states))
     phases = r["placements"]["colocated"]["phases_s"]
     total = sum(phases.values())
     print("  colocated's step: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in phases.items()))
     print(f"  critical path (the slowest sample alone, then the update it waits for, on every device): "
           f"{r['critical_path_s'] / len(r['placements']['pivot']['step_s']):.1f} s/step; colocated takes "
-          f"{r['colocated_over_critical_path']:.2f}x that, the most any placement can gain over it")
+          f"{r['colocated_over_critical_path']:.2f}x that (the most any placement can gain over it), pivot "
+          f"{r['pivot_over_critical_path']:.2f}x")
     for key, (lo, hi) in PAPER.items():
-        print(f"  {key:<26}{r[key]:>6.2f}x   paper {lo:.2f}-{hi:.2f}x (128 GPUs)")
+        if r[key] is not None:
+            print(f"  {key:<26}{r[key]:>6.2f}x" + (f"   paper {lo:.2f}-{hi:.2f}x (128 GPUs)" if paper else ""))
 
 
 def sweep(cal: dict, groups: list[str], args) -> dict:
@@ -140,7 +155,7 @@ def main(argv=None):
     results = {}
     for group in groups:
         results[group] = simulate(cal, group, args.gpus, args)
-        print_group(group, results[group])
+        print_group(group, results[group], paper=args.calibration == "h200")
     report = {"gpus": args.gpus, "calibration": args.calibration, "groups": results,
               "paper": {k: list(v) for k, v in PAPER.items()}}
     if args.sweep:

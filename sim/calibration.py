@@ -7,11 +7,9 @@ Two cost models with one surface, which the event engine uses:
             prefill and training are compute-bound, shifts move bytes over PCIe plus a fixed wake.
   CpuModel  this code on this machine, everything measured by bench/placements.py (its --json) in the
             runs it compares: engine steps against batch, prefill and training rates, shift costs (where
-            a pair was not seen there, bench/shift_latency.py's figure in calibration.json). Two things
-            of this machine shape it: ranks share few cores (work runs max(1, busy / cores) times slower
-            while `busy` ranks work), and pivot_train.py's ranks tick in lockstep (every engine steps
-            once, then all report to rank 0, so a tick lasts the slowest step plus the exchange, and a
-            prefill or a shift inside a tick holds everyone).
+            a pair was not seen there, bench/shift_latency.py's figure in calibration.json), and what a
+            round's exchange with rank 0 and rank 0's planning cost. Ranks share few cores here: work
+            runs max(1, busy / cores) times slower while `busy` ranks work.
 A simulated "slot" is the devices one instance of the widest role needs, so that any slot can hold any
 role (a narrower role runs several instances on it).
 """
@@ -30,8 +28,8 @@ TEXT_KEYS = {"about", "policy", "genrm"}
 CPU_MEASURED = ("cpus", "split", "rollout_step_s", "rollout_per_seq_s", "rollout_prefill_per_s", "genrm_step_s",
                 "genrm_per_seq_s", "genrm_prefill_per_s", "train_tokens_per_s_by_ranks", "max_seqs",
                 "prompts_per_step", "group_size", "prompt_tokens", "judge_template_tokens", "response_lengths",
-                "critique_lengths", "max_response_tokens", "max_critique_tokens", "tick_s", "plan_tick_s",
-                "tick_mean_s")
+                "critique_lengths", "max_response_tokens", "max_critique_tokens", "exchange_per_round_s",
+                "plan_per_round_s")
 
 
 def shared_cores(busy: int, cores: int) -> float:
@@ -127,23 +125,18 @@ def gpu_workload(cal: dict, prompts: int | None = None) -> Workload:
 
 class CostModel:
     """What the event engine asks of a cost model. Subclasses give step_seconds(role, batch, context),
-    shift_seconds(src, dst, train_slots), publish_seconds(train_slots), train_per_s(train_slots) and these
-    figures:"""
+    shift_seconds(src, dst, train_slots, grads), publish_seconds(train_slots), train_per_s(train_slots),
+    exchange_seconds(placement, slots) (what a round costs beyond its engines' steps and its shifts: every
+    rank's report to rank 0, rank 0's plan, its orders back) and these figures:"""
     slot_gpus: int
     min_train_slots: int
     prefill_per_s: dict[str, float]  # per engine role, tokens per second per slot
     max_seqs: dict[str, int]  # per engine role, sequences in flight per slot
+    prefill_chunk_tokens: int  # the most prompt tokens an engine step takes in (vLLM's chunked prefill)
     cores: int | None = None  # the cores all slots share; None: every slot has devices of its own
-    lockstep: bool = False  # engines step in ticks together rather than each at its own pace
-    early_train: bool = True  # train slots train judged groups while the step still runs
-    plan_interval_s: float | None = None  # how often rank 0 plans; None: calibration.json's setting
 
     def contention(self, busy: int) -> float:
         return shared_cores(busy, self.cores) if self.cores else 1.0
-
-    def tick_seconds(self, placement: str) -> float:
-        """Lockstep: what a tick costs beyond its slowest engine step."""
-        return 0.0
 
     def planner_speeds(self, workload: Workload, slots: int) -> Speeds:
         """The speeds the simulated rank 0 starts from, fitted by the planner's own estimator."""
@@ -160,7 +153,7 @@ class CostModel:
 
     def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
         # Into the smallest train group it may form: the dearest such move.
-        return {(a, b): self.shift_seconds(a, b, self.min_train_slots) for a in ROLES for b in ROLES if a != b}
+        return {(a, b): self.shift_seconds(a, b, self.min_train_slots, False) for a in ROLES for b in ROLES if a != b}
 
 
 class GpuModel(CostModel):
@@ -192,9 +185,13 @@ class GpuModel(CostModel):
                          - self.wbytes * m(role, "params")) / self.kv_per_token[role]
             ctx = work.prompt_tokens + work.max_response / 10 + (role == "genrm") * work.max_critique / 10
             self.max_seqs[role] = self.instances[role] * int(min(hw("max_num_seqs"), kv_tokens // ctx))
+        self.prefill_chunk_tokens = int(hw("max_num_batched_tokens"))
         self.h2d, self.d2h, self.link = hw("h2d_bytes_per_s"), hw("d2h_bytes_per_s"), hw("node_link_bytes_per_s")
         self.wake, self.gpus_per_node = hw("engine_wake_s"), hw("gpus_per_node")
         self.state_bytes, self.stored_bytes = hw("train_state_bytes_per_param"), hw("stored_train_bytes_per_param")
+        loop = lambda key: value(cal, f"loop.{key}")  # noqa: E731
+        self.exchange_fixed, self.exchange_per_rank = loop("exchange_fixed_s"), loop("exchange_per_rank_s")
+        self.plan_s, self.grad_bytes = loop("plan_s"), loop("stored_grad_bytes_per_param")
 
     def train_per_s(self, train_slots: int) -> float:
         return self.train_rate
@@ -212,15 +209,24 @@ class GpuModel(CostModel):
         compute = 2 * self.m(role, "active_params") * b / (self.tp[role] * self.flops)
         return max(memory, compute)
 
-    def shift_seconds(self, src: str, dst: str, train_slots: int) -> float:
+    def shift_seconds(self, src: str, dst: str, train_slots: int, grads: bool) -> float:
         """Offload src (an engine discards its weights: sleep level 2; the train role writes its state
-        shards to storage), then onload dst from host storage over PCIe (an engine also wakes)."""
+        shards to storage), then onload dst from host storage over PCIe (an engine also wakes); train
+        to train is a reshard into a new group. With `grads`, the gradients accumulated early go to
+        storage and come back with the state."""
         params = self.m("rollout", "params")
         gpus = max(train_slots, 1) * self.slot_gpus
-        off = self.stored_bytes * params / gpus / self.d2h if src == "train" else 0.0
+        grad = self.grad_bytes if grads else 0.0
+        off = (self.stored_bytes + grad) * params / gpus / self.d2h if src == "train" else 0.0
         if dst == "train":
-            return off + self.state_bytes * params / gpus / self.h2d
+            return off + (self.state_bytes + grad) * params / gpus / self.h2d
         return off + self.wake + self.wbytes * self.m(dst, "params") / self.tp[dst] / self.h2d
+
+    def exchange_seconds(self, placement: str, slots: int) -> float:
+        """Every rank's report gathered by rank 0 and its orders scattered back (rank 0 handles each
+        rank's in turn), and pivot's plan over that many ranks."""
+        ranks = slots * self.slot_gpus
+        return self.exchange_fixed + self.exchange_per_rank * ranks + (self.plan_s if placement == "pivot" else 0.0)
 
     def publish_seconds(self, train_slots: int) -> float:
         """The train ranks write their rows of the new weights to their node's storage, then every other
@@ -234,8 +240,6 @@ class GpuModel(CostModel):
 class CpuModel(CostModel):
     """This code on this machine, one rank per slot, from bench/placements.py's JSON (keys in CPU_MEASURED;
     its figures are uncontended: measured / max(1, ranks working / cores), the law applied here)."""
-    lockstep = True  # pivot_train.py's generate(): one engine step per rank per tick, then an exchange
-    early_train = False  # pivot_train.py trains once every response is judged
 
     def __init__(self, cal: dict, measured: dict):
         missing = [k for k in CPU_MEASURED if k not in measured]
@@ -249,7 +253,7 @@ class CpuModel(CostModel):
         self.train_rates = {int(n): rate for n, rate in measured["train_tokens_per_s_by_ranks"].items()}
         self.prefill_per_s = {r: measured[f"{r}_prefill_per_s"] for r in ("rollout", "genrm")}
         self.max_seqs = {r: int(measured["max_seqs"]) for r in ("rollout", "genrm")}
-        self.plan_interval_s = measured["tick_mean_s"]["pivot"]  # the loop plans once a tick
+        self.prefill_chunk_tokens = int(value(cal, "cpu.max_num_batched_tokens"))
         # Shift costs measured in the same runs win over bench/shift_latency.py's.
         self.shift = {tuple(pair.split("->")): value(cal, f"cpu.shift_s.{pair}") for pair in cal["cpu"]["shift_s"]}
         self.shift |= {tuple(pair.split("->")): s for pair, s in measured.get("shift_s", {}).items()}
@@ -258,23 +262,37 @@ class CpuModel(CostModel):
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
 
     def train_per_s(self, train_slots: int) -> float:
-        """Measured for each train group size the runs used: on gloo, a larger FSDP group pays more
-        communication per token, so the rate does not carry over from one size to another."""
-        if train_slots not in self.train_rates:
-            raise CalibrationError(f"no training rate measured for {train_slots} ranks (measured: "
-                                   f"{', '.join(map(str, sorted(self.train_rates)))}); simulate as many ranks as "
-                                   f"bench/placements.py ran")
-        return self.train_rates[train_slots]
+        """Measured for each train group size the runs trained all at once: on gloo, a larger FSDP group
+        pays more communication per token, so the rate does not carry over from one size to another.
+        Between two measured sizes (an early train group) the per-rank rate is interpolated linearly;
+        beyond them, the nearest measured size's."""
+        sizes = sorted(self.train_rates)
+        if train_slots in self.train_rates:
+            return self.train_rates[train_slots]
+        if not sizes:
+            raise CalibrationError("--measured has no training rate: bench/placements.py --json writes "
+                                   "train_tokens_per_s_by_ranks")
+        return float(np.interp(train_slots, sizes, [self.train_rates[n] for n in sizes]))
 
-    def tick_seconds(self, placement: str) -> float:
-        """The ranks' exchange with rank 0, and rank 0's planning, which every rank waits for."""
-        return self.measured["tick_s"] + self.measured["plan_tick_s"][placement]
+    def exchange_seconds(self, placement: str, slots: int) -> float:
+        """Measured per round of the placement (at the bench's ranks): the exchange (a round's seconds
+        beyond its busiest rank's work, its plan and its shifts) and rank 0's plan, which every rank
+        waits for."""
+        exchange, plan = self.measured["exchange_per_round_s"], self.measured["plan_per_round_s"]
+        if placement not in exchange or placement not in plan:
+            raise CalibrationError(f"no round measured for {placement} (measured: {', '.join(plan)}); "
+                                   f"bench/placements.py skipped it")
+        return exchange[placement] + plan[placement]
 
-    def shift_seconds(self, src: str, dst: str, train_slots: int) -> float:
-        if src == dst == "rollout" and (src, dst) not in self.shift:
-            # A disaggregated rollout rank reloading the new weights; a bench JSON without that record
-            # is charged the nearest measured cost, a move into rollout (which loads them too).
+    def shift_seconds(self, src: str, dst: str, train_slots: int, grads: bool) -> float:
+        """As measured (with whatever gradients the runs' moves carried). Where a bench JSON lacks a record
+        of a rank that keeps its role, the nearest measured move: a disaggregated rollout rank reloading
+        the new weights as a move into rollout (which loads them too); a train rank resharding into a
+        new group as the dearest move into train (which builds the group's trainer and loads its rows)."""
+        if (src, dst) not in self.shift and src == dst == "rollout":
             return self.shift[("train", "rollout")]
+        if (src, dst) not in self.shift and src == dst == "train":
+            return max(cost for (a, b), cost in self.shift.items() if b == "train")
         return self.shift[(src, dst)]
 
     def publish_seconds(self, train_slots: int) -> float:

@@ -2,22 +2,32 @@
 
   colocated      every slot rolls out, then every slot judges, then every slot trains
   disaggregated  a fixed split of slots per role, sized to each role's share of the step's work;
-                 responses stream to the judge, judged groups to the train slots
-  pivot          rank 0 runs planner.py every `interval` seconds and moves slots between roles; a slot
-                 leaving an engine role hands its running sequences back to the queue's head, and they
-                 resume elsewhere after prefilling prompt + generated again
-Each step of every placement ends the same way: its update runs (colocated and pivot: on every slot),
-the new policy is published to storage, and the rollout engines load it.
+                 responses stream to the judge; the train slots train the whole step at its end
+  pivot          rank 0 runs planner.py at every round and moves slots between roles; a slot leaving
+                 an engine role exports its running sequences, which go back to the head of their
+                 queue at the next exchange and resume elsewhere after prefilling prompt + generated;
+                 train slots train judged groups while the step runs (early training)
+Each step of every placement ends the same way: the rest of its update runs (colocated and pivot: on
+every slot), the new policy is published to storage, and the rollout engines load it.
 
-Engines batch continuously: between two events a slot's batch is fixed, so every engine step costs
-the same and the next event is the next sequence to finish. Training is a fluid pool: its slots
-process the tokens of judged groups at their measured rate (CpuModel: only once judging ends, as
-pivot_train.py does).
+The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
+starts with orders from rank 0: every slot's role (a shift is collective: every slot waits for the
+longest move; a train group that changes is resharded, with any gradients accumulated early), the
+queued work that fits each engine, shared fairly in rank order, and for pivot's train slots the judged
+groups no train slot has had, about a round's work at their rate, one group at least. Each engine then
+steps at its own pace, its new requests first, in chunks of at most `prefill_chunk_tokens` a step
+(vLLM's chunked prefill), with a batch fixed between two events, so the next event is the next
+sequence to finish. An engine stops for the round when it runs empty, or at its first step boundary
+after the round's limit: none when colocated has nothing queued (its phase ends when its last engine
+empties), else `round_steps` times the median engine step seen in the step, which a slot that runs
+empty after stepping cuts short for every slot (rank 0's store flag, seen `poll_s` / 2 later on
+average). The train slots work through their groups whatever the limit. A slot that has stopped waits
+for the others: the round ends with the last step or group in progress. Then the round's exchange with
+rank 0 costs what the cost model says, and only then does rank 0 learn what finished: responses join
+the judge's queue, judged groups become trainable.
 
-Where the cost model says so (CpuModel), slots are not independent: they share `cores` cores, so each
-works max(1, busy / cores) times slower while `busy` slots work, and their engines tick in lockstep,
-each tick as long as the slowest step plus the exchange with rank 0, with a prefill or a shift inside a
-tick holding every engine. Then any change of one engine's batch re-times every engine, each keeping
+Where the cost model says so (CpuModel), slots share `cores` cores: each works max(1, busy / cores) times
+slower while `busy` slots work, so any change in how many work re-times every engine, each keeping
 the fraction of the step it is into.
 """
 import heapq
@@ -31,18 +41,52 @@ import planner
 from roles import ENGINE_ROLES, ROLES
 from sim.calibration import CostModel, Workload
 
+# A slot at work in its role; idle in it (nothing to do: an engine run empty, a trainer through its
+# groups); waiting for other slots with work in hand (an engine past the round's limit, which holds
+# sequences, while another slot finishes a step or a group; everyone not moving in a collective
+# shift); shifting; in the exchange with rank 0.
+STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "exchange")
+
+
+@dataclass(frozen=True)
+class RoundRules:
+    """How pivot_train.py sizes a round (its --round-steps; shifting/scheduler.py's RoundEnd poll and
+    StepQueues.timed_round's step time before any is measured), and two changes to its rounds that the
+    loop does not have, for what-if runs (bench/sim_whatif.py):
+      step_on             a slot that reaches the round's limit with work in hand keeps stepping until
+                          every slot has reached it (the loop: it stops and waits for the round's end)
+      shifts_stall_all    a shift holds every slot until the longest move is done (the loop's
+                          collective apply); without it, only the moving slots wait, and they take
+                          work again at the first round after their move"""
+    steps: int = 25
+    poll_s: float = 0.01
+    first_step_s: float = 0.002
+    step_on: bool = False
+    shifts_stall_all: bool = True
+
+
+@dataclass(frozen=True)
+class Round:
+    seconds: float | None  # None: every engine works until it runs empty
+    early: bool  # a slot that runs empty after stepping ends the round for every slot
+
 
 @dataclass
 class Slot:
     index: int
     role: str
     running: list[int] = field(default_factory=list)  # samples in its engine
-    t: float = 0.0  # the time its engine's progress refers to
-    step_s: float = 0.0  # seconds per engine step until its batch changes
-    engine_s: float = 0.0  # of which the engine's own work (lockstep adds the tick's wait and exchange)
+    finished: list[int] = field(default_factory=list)  # finished this round: rank 0 hears at its end
+    exported: list[int] = field(default_factory=list)  # handed back by a shift: queued at the next exchange
+    t: float = 0.0  # the end of its engine's last whole step
+    step_s: float = 0.0  # seconds per engine step until its batch or the cores' sharing changes
+    prefill_s: float = 0.0  # prefill its engine has still to do before it decodes again (uncontended seconds)
+    halt: float = math.inf  # this round it starts no engine step after this
+    stopped: bool = True  # done with this round: waiting for the others
+    arrived: bool = True  # has reached the round's end on its own (its limit; or it ran empty, or had no work)
+    stepped: bool = False  # took an engine step this round
     ready_at: float = 0.0  # a shift in progress ends then
     shifted_at: float = -math.inf
-    admitted_at: float = -math.inf  # the last instant it took work from its queue
     version: int = 0  # events scheduled under an older version are stale
 
 
@@ -57,9 +101,10 @@ class Result:
     shift_seconds: float
     step_seconds: list[float]
     split: dict[str, int]
-    slot_seconds: dict[str, float]  # by state: a role at work, "<role> idle", "shifting"; sums to slots x seconds
+    slot_seconds: dict[str, float]  # by state (STATES); sums to slots x seconds
     phases: dict[str, float]  # summed over steps: until the last response, then the last verdict, then the end
     critical_path_s: float  # summed over steps: what no placement can beat (Simulation._critical_path)
+    rounds: int  # rounds in which a slot worked, as pivot_train.py counts them
 
     @property
     def busy_fraction(self) -> float:
@@ -73,8 +118,8 @@ class Result:
 
 
 class Step:
-    """One step's samples: lengths drawn, and how far each has got. Phases: 0 queued for rollout,
-    1 rolling out, 2 queued for the judge, 3 being judged, 4 judged."""
+    """One step's samples: lengths drawn, and how far each has got. Phases, as rank 0 knows them:
+    0 queued for rollout, 1 rolling out, 2 queued for the judge, 3 being judged, 4 judged."""
 
     def __init__(self, workload: Workload, rng: np.random.Generator):
         self.length, self.critique = workload.draw(rng)
@@ -85,21 +130,41 @@ class Step:
         self.phase = np.zeros(self.n, dtype=np.int8)
         self.queue = {"rollout": deque(range(self.n)), "genrm": deque()}
         self.group_left = np.full(self.n // workload.group_size, workload.group_size)
-        self.train_ready = self.train_done = 0.0
+        self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
+        self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained or handed to train
         self.generated = self.judged = 0
+        self.steps_seen = deque(maxlen=256)  # (seconds, engine steps): the step's last 256 engine steps
 
     def tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
 
+    def median_step_s(self, default: float) -> float:
+        """The median of the last 256 engine steps, as StepQueues.timed_round measures it."""
+        if not self.steps_seen:
+            return default
+        runs, n = [], 0
+        for seconds, count in reversed(self.steps_seen):
+            runs.append((seconds, min(count, 256 - n)))
+            n += runs[-1][1]
+            if n >= 256:
+                break
+        runs.sort()
+        half, seen = n / 2, 0
+        for seconds, count in runs:
+            seen += count
+            if seen >= half:
+                return seconds
+        return runs[-1][0]
+
 
 class Simulation:
     def __init__(self, model: CostModel, workload: Workload, slots: int, placement: str, *, seed: int = 0,
-                 config: planner.PlannerConfig | None = None, interval: float = 1.0, prior_steps: int = 1,
-                 split: dict[str, int] | None = None):
+                 config: planner.PlannerConfig | None = None, rules: RoundRules = RoundRules(),
+                 prior_steps: int = 1, split: dict[str, int] | None = None):
         """`split`: disaggregated's slots per role; by default sized to each role's share of the work."""
         self.model, self.workload, self.placement = model, workload, placement
         self.rng = np.random.default_rng(seed)
-        self.config, self.interval = config, interval
+        self.config, self.rules = config, rules
         self.speeds = model.planner_speeds(workload, slots)
         # Rank 0 refits each engine's speed from the steps it sees, as LoopPlanner does in pivot_train.py.
         self.fits = {role: planner.LinearFit(speed.step_s, speed.per_seq_s, hi=speed.max_seqs)
@@ -113,10 +178,12 @@ class Simulation:
         roles = [role for role, n in self.split.items() for _ in range(n)]
         self.slots = [Slot(i, role) for i, role in enumerate(roles)]
         self.now, self.events, self.counter = 0.0, [], 0
-        self.shifts, self.shift_seconds = 0, 0.0
-        self.slot_s = dict.fromkeys(ROLES + tuple(f"{r} idle" for r in ROLES) + ("shifting",), 0.0)
+        # Early training: uncontended seconds the train slots have left of the groups handed this round,
+        # the cores' sharing they work under now, and the version of their scheduled end.
+        self.train_left, self.train_share, self.train_version = 0.0, 1.0, 0
+        self.shifts, self.shift_seconds, self.rounds = 0, 0.0, 0
+        self.slot_s = dict.fromkeys(STATES, 0.0)
         self.phases = {"rollout": 0.0, "judge_tail": 0.0, "train_tail": 0.0}
-        self.stalled = (-math.inf, 0.0)  # lockstep: the last instant engines were held, and for how long
         # What rank 0 knows of lengths before the step: earlier steps' draws (the first step's prior).
         seen = [workload.draw(self.rng) for _ in range(prior_steps)]
         self.lengths = planner.LengthEstimate(np.concatenate([s[0] for s in seen]), workload.max_response)
@@ -142,77 +209,180 @@ class Simulation:
             self.critiques = planner.LengthEstimate(step.critique, self.workload.max_critique)
         return Result(self.placement, len(self.slots), self.now, samples, tokens, self.shifts,
                       self.shift_seconds / max(self.shifts, 1), step_seconds, dict(self.split),
-                      dict(self.slot_s), dict(self.phases), critical)
+                      dict(self.slot_s), dict(self.phases), critical, self.rounds)
 
     def _step(self, step: Step) -> None:
-        self.step, self.train_t, self.rollout_end = step, self.now, None
-        self.events.clear()  # the last step's leftovers: stale by now
-        if self.placement == "pivot":  # rank 0 plans before it hands out the step's work, as the loop does
-            self._push(self.now, "plan", -1)
-        for slot in self.slots:
-            self._push(max(self.now, slot.ready_at), "engine", slot.index, slot.version)
-        while step.judged < step.n:
-            t, _, kind, s, version = heapq.heappop(self.events)
-            assert t >= self.now - 1e-9, "the clock ran backwards"
-            self._advance_train(t)
-            self._account(t)
-            self.now = max(self.now, t)
-            if kind == "plan":
-                self._plan()
-                self._push(self.now + self.interval, "plan", -1)
-            elif version == self.slots[s].version:
-                self._touch(self.slots[s])
+        """Rounds until rank 0 hears the last verdict, then the update."""
+        self.step, self.rollout_end = step, None
+        while True:
+            self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
-            if self.placement == "colocated" and step.generated == step.n and self.slots[0].role == "rollout":
-                for slot in self.slots:  # rollout is over everywhere: every slot judges
-                    self._shift(slot, "genrm", 0)
+            if step.judged == step.n:
+                break
+            roles, rnd = self._orders()
+            self._apply(roles, grads=step.train_done > 0, stall=self.rules.shifts_stall_all)
+            self._dispatch()
+            self._hand_to_train(rnd)
+            if self._round(rnd):
+                self.rounds += 1
+                self._exchange()
+            elif not any(s.exported for s in self.slots):  # nothing to do until a move ends (no stall)
+                moving = [s.ready_at for s in self.slots if s.ready_at > self.now]
+                assert moving, "a round in which no slot could work"
+                self._wait_until(min(moving))
         self.judge_end = self.now
         self._finish(step)
 
-    def _finish(self, step: Step) -> None:
-        """The rest of the update (colocated, pivot: on every slot), publishing, the rollout engines' reload."""
-        everyone = self.placement != "disaggregated"
-        if everyone:
-            for slot in self.slots:
-                self._shift(slot, "train", len(self.slots))
-            self._advance_train(max(s.ready_at for s in self.slots))
-        trainers = [s for s in self.slots if s.role == "train"]
-        end = max([self.now] + [s.ready_at for s in trainers])
-        self._account(end)
+    def _orders(self) -> tuple[list[str], Round]:
+        """Rank 0's plan: every slot's role from now on, and how long the round lasts."""
+        roles, step = [s.role for s in self.slots], self.step
+        timed = Round(self.rules.steps * step.median_step_s(self.rules.first_step_s), early=True)
+        if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
+            rolling = step.queue["rollout"] or any(s.running for s in self.slots if s.role == "rollout")
+            role = "rollout" if rolling else "genrm"
+            return [role] * len(roles), timed if step.queue[role] else Round(None, early=False)
+        if self.placement == "pivot":
+            return planner.apply_moves(roles, self._plan()), timed
+        return roles, timed
+
+    def _apply(self, roles: list[str], grads: bool, stall: bool) -> None:
+        """The shift to `roles`; collective with `stall`: every slot waits for the longest move. A train group whose
+        members change is made anew: the slots that stay in it reshard their state too, and with
+        `grads` (groups trained early, before the optimizer step) the gradients move through storage
+        with it (shifting/context.py, storage.py TrainState.partial)."""
+        before = {s.index for s in self.slots if s.role == "train"}
+        after = {i for i, role in enumerate(roles) if role == "train"}
+        for slot, role in zip(self.slots, roles):
+            self._shift(slot, role, len(after), grads)
+        if before and after and before != after:
+            for i in before & after:
+                self._reshard(self.slots[i], len(after), grads)
+        if stall:
+            self._wait_until(max([self.now] + [s.ready_at for s in self.slots]), state="waiting")
+
+    def _dispatch(self) -> None:
+        """Each engine role's queue shared among the slots holding it, in rank order, up to each
+        engine's room (StepQueues.dispatch); a slot's first step takes its new requests in."""
+        for role in ENGINE_ROLES:
+            queue, held = self.step.queue[role], [s for s in self.slots if s.role == role and s.ready_at <= self.now]
+            for i, slot in enumerate(held):
+                fair = -(-len(queue) // (len(held) - i))
+                take = min(fair, self.model.max_seqs[role] - len(slot.running))
+                new = [queue.popleft() for _ in range(max(take, 0))]
+                for j in new:
+                    self.step.phase[j] = 1 if role == "rollout" else 3
+                slot.running += new
+                # A resumed sequence prefills what it had generated too.
+                slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
+
+    def _hand_to_train(self, rnd: Round) -> None:
+        """Early training (pivot_train.py: pivot with one minibatch): the judged groups no train slot has
+        had, in prompt order, about a round's work for the train slots at their rate, one at least
+        (StepQueues.hand_to_train). They train them, forward and backward, within the round."""
+        trainers = sum(s.role == "train" for s in self.slots)
+        ready = all(s.ready_at <= self.now for s in self.slots if s.role == "train")  # the group trains together
+        if not (self.config and self.config.early_train and self.placement == "pivot" and trainers and ready):
+            return
+        step, g = self.step, self.step.group_size
+        rate = trainers * self.model.train_per_s(trainers)
+        budget, taken = rate * (rnd.seconds or 0.0), 0.0
+        for group in np.flatnonzero((step.group_left == 0) & ~step.handed):
+            tokens = float(step.tokens(slice(group * g, (group + 1) * g)).sum())
+            if taken and tokens > budget:
+                break
+            budget, taken = budget - tokens, taken + tokens
+            step.handed[group] = True
+        step.train_done += taken
+        self.train_left = taken / rate
+
+    def _round(self, rnd: Round) -> bool:
+        """The slots work until the round ends; returns whether any engine stepped."""
+        self.round, start = rnd, self.now
+        self.events.clear()
+        self.round_end = math.inf  # once every slot has arrived (step_on) or one ran empty (early rounds)
+        for s in self.slots:
+            s.t, s.stepped, s.version = start, False, s.version + 1
+            s.halt = start + rnd.seconds if rnd.seconds is not None else math.inf
+            s.stopped = s.arrived = s.role not in ENGINE_ROLES or not s.running
+        self._retime(None)
+        trained = self.train_left > 0
+        while self.train_left > 0 or not all(s.stopped for s in self.slots):
+            t, _, index, version = heapq.heappop(self.events)
+            assert t >= self.now - 1e-9, "the clock ran backwards"
+            self._wait_until(t)
+            if index < 0 and version == self.train_version:  # the train slots are through their groups
+                self.train_left = 0.0
+                if self.rules.step_on and all(s.arrived for s in self.slots):
+                    self._end_round(self.now + self.rules.poll_s / 2)
+                self._retime(None)
+            elif index >= 0 and version == self.slots[index].version:
+                self._touch(self.slots[index])
+        return trained or any(s.stepped for s in self.slots)
+
+    def _exchange(self) -> None:
+        """Every slot reports to rank 0 and waits for its orders: the round's exchange and rank 0's plan."""
+        end = self.now + self.model.exchange_seconds(self.placement, len(self.slots))
+        self._account(end, state="exchange")
         self.now = end
+
+    def _ingest(self) -> None:
+        """Rank 0 reads the reports, in rank order: finished responses join the judge's queue, verdicts
+        complete groups, and exported sequences go back to the head of their queue."""
+        step = self.step
+        for slot in self.slots:
+            for i in slot.finished:
+                if step.phase[i] == 1:
+                    step.phase[i], step.generated = 2, step.generated + 1
+                    step.queue["genrm"].append(i)
+                else:
+                    assert step.phase[i] == 3, f"sample {i} judged twice"
+                    step.phase[i], step.judged = 4, step.judged + 1
+                    group = i // step.group_size
+                    step.group_left[group] -= 1
+                    if step.group_left[group] == 0:
+                        members = slice(group * step.group_size, (group + 1) * step.group_size)
+                        step.train_ready += float(step.tokens(members).sum())
+            for i in reversed(slot.exported):
+                step.phase[i] = 0 if step.phase[i] == 1 else 2
+                step.queue["rollout" if step.phase[i] == 0 else "genrm"].appendleft(i)
+            slot.finished, slot.exported = [], []
+
+    def _finish(self, step: Step) -> None:
+        """The rest of the update (colocated, pivot: on every slot; disaggregated: its train slots, which
+        do not train early), publishing, the rollout engines' reload."""
+        everyone = self.placement != "disaggregated"
+        if everyone:  # the update waits for its whole group
+            self._apply(["train"] * len(self.slots), grads=step.train_done > 0, stall=True)
+        trainers = [s for s in self.slots if s.role == "train"]
         left, n = step.train_ready - step.train_done, len(trainers)
         # Nothing else works now: the trainers share the cores among themselves.
         end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + self.model.publish_seconds(n)
-        self._account(end, training=True)
+        self._account(end, state="train")
         self.now = end
         step.train_done = step.train_ready
-        for slot in self.slots:
-            slot.ready_at = max(slot.ready_at, self.now)
-            if everyone:
-                self._shift(slot, "rollout", 0)
-            elif slot.role == "rollout":  # a reload of the new weights, not a change of role
-                slot.ready_at = self.now + self.model.shift_seconds("rollout", "rollout", len(trainers))
-        for slot in self.slots:
-            slot.t, slot.version = slot.ready_at, slot.version + 1
-        end = min(s.ready_at for s in self.slots)
-        self._account(end)
-        self.now = end
+        if everyone:
+            self._apply(["rollout"] * len(self.slots), grads=False, stall=self.rules.shifts_stall_all)
+        else:  # a reload of the new weights, not a change of role; collective like any apply
+            for slot in self.slots:
+                if slot.role == "rollout":
+                    slot.ready_at = self.now + self.model.shift_seconds("rollout", "rollout", n, False)
+            if self.rules.shifts_stall_all:
+                self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
 
     def _critical_path(self, step: Step, block: int = 64) -> float:
         """A lower bound on the step, whatever the placement: its slowest sample generated and then
-        judged alone, at batch 1, with no shift (in lockstep, each engine step a tick), then the update
-        on every slot, of that sample's group where the cost model lets groups train early, else of all,
-        and publishing. Each engine step is charged the context at the start of its block of `block`
-        tokens (steps only grow with context); the candidates are the samples longest in response,
-        critique and both."""
+        judged alone, at batch 1, with no shift, each reported to rank 0 in a round's exchange, then the
+        update on every slot, of that sample's group where pivot trains groups early, else of all, and
+        publishing. Each engine step is charged the context at the start of its block of
+        `block` tokens (steps only grow with context); the candidates are the samples longest in
+        response, critique and both."""
         m, n, g = self.model, len(self.slots), step.group_size
-        # Lockstep engines pay the tick's exchange on every step, whatever the placement.
-        tick = min(m.tick_seconds(p) for p in ("colocated", "disaggregated", "pivot")) if m.lockstep else 0.0
+        early = self.config is not None and self.config.early_train
+        exchange = min(m.exchange_seconds(p, n) for p in ("colocated", "pivot"))
 
         def alone(role: str, context: int, tokens: int) -> float:
-            return sum((m.step_seconds(role, 1, context + k) + tick) * min(block, tokens - k)
-                       for k in range(0, tokens, block))
+            return sum(m.step_seconds(role, 1, context + k) * min(block, tokens - k) for k in range(0, tokens, block))
 
         top = lambda x: np.argsort(x)[-8:].tolist()  # noqa: E731
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
@@ -220,129 +390,136 @@ class Simulation:
         return max(step.prompt / m.prefill_per_s["rollout"] + alone("rollout", step.prompt, int(step.length[i]))
                    + (judge_prompt + step.length[i]) / m.prefill_per_s["genrm"]
                    + alone("genrm", judge_prompt + int(step.length[i]), int(step.critique[i]))
-                   + float(step.tokens(slice(i // g * g, i // g * g + g) if m.early_train else slice(None)).sum())
+                   + float(step.tokens(slice(i // g * g, i // g * g + g) if early else slice(None)).sum())
                    / (n * m.train_per_s(n))
-                   for i in candidates) + m.publish_seconds(n)
+                   for i in candidates) + 2 * exchange + m.publish_seconds(n)
 
     # -- engines ------------------------------------------------------------------------------------
 
     def _touch(self, slot: Slot) -> None:
-        """Brings the slot's engine to now: tokens generated, sequences finished, new ones admitted, and its
-        next event scheduled."""
-        if slot.role not in ENGINE_ROLES or self.now < slot.ready_at:
-            return
+        """Brings the slot's engine to now: steps taken, sequences finished; it stops for the round when
+        it runs empty (cutting the round short where the round says so) or reaches its limit."""
         self._advance(slot)
         self._complete(slot)
-        self._retime(slot, self._admit(slot))
+        if slot.running and self._steps_before_halt(slot) == 0 and self.rules.step_on and not slot.arrived \
+                and self.round_end == math.inf:
+            slot.arrived, slot.halt = True, math.inf  # steps on until every slot has arrived
+            if self.train_left == 0 and all(s.arrived for s in self.slots):  # the last to arrive ends the round
+                slot.stopped = True
+                self._end_round(self.now + self.rules.poll_s / 2)
+                return
+        elif not slot.running or self._steps_before_halt(slot) == 0:
+            slot.stopped = slot.arrived = True
+            ends = not slot.running and slot.stepped and self.round.early
+            if ends or self.rules.step_on and self.train_left == 0 and all(s.arrived for s in self.slots):
+                self._end_round(self.now + self.rules.poll_s / 2)  # the others look every poll_s
+                return
+        self._retime(slot)
 
-    def _retime(self, touched: Slot | None, prefill: float = 0.0) -> None:
-        """Sets the step time of the touched slot's engine and schedules its next event; where engines
-        share cores or tick together, of every running engine. `prefill`: seconds the touched engine
-        spends taking in new requests first (uncontended)."""
-        shared = self.model.cores is not None or self.model.lockstep
-        running = [s for s in self.slots if s.role in ENGINE_ROLES and s.running and s.ready_at <= self.now]
-        slots = running if shared else [s for s in [touched] if s is not None and s.running]
+    def _end_round(self, seen: float) -> None:
+        """Every slot stops at its first step boundary after `seen`."""
+        self.round_end = min(self.round_end, seen)
+        for s in self.slots:
+            s.halt = min(s.halt, seen)
+        self._retime(None)
+
+    def _retime(self, touched: Slot | None) -> None:
+        """Sets the step time of the touched slot's engine and schedules its next event; with None, or
+        where engines share cores, of every working engine."""
+        working = [s for s in self.slots if s.role in ENGINE_ROLES and not s.stopped]
+        shared = self.model.cores is not None
+        slots = working if shared or touched is None else [s for s in [touched] if not s.stopped]
         share = self.model.contention(self._busy())
-        step_s = {s.index: share * self.model.step_seconds(s.role, len(s.running), self._context(s.role, s.running))
-                  for s in slots}
-        engine_s = dict(step_s)
-        if self.model.lockstep and step_s:  # one step per engine per tick; a tick waits for the slowest
-            step_s = dict.fromkeys(step_s, max(step_s.values()) + self.model.tick_seconds(self.placement))
+        if self.train_left > 0 and (shared or touched is None):
+            self.train_share, self.train_version = share, self.train_version + 1
+            self._push(self.now + self.train_left * share, -1, self.train_version)
         for s in slots:
+            step_s = share * self.model.step_seconds(s.role, len(s.running), self._context(s.role, s.running))
             if s is not touched:
                 self._advance(s)  # whole steps at its old speed
-            if shared and s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
-                s.t = self.now - (self.now - s.t) / s.step_s * step_s[s.index]
-            s.step_s, s.engine_s = step_s[s.index], engine_s[s.index]
-        if prefill and self.model.lockstep:
-            self._stall(share * prefill)
-        elif prefill:
-            touched.t += share * prefill
-        if touched is not None:
-            touched.version += 1
-        for s in slots:
-            if s is not touched:
-                s.version += 1
+            if s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
+                s.t = self.now - (self.now - s.t) / s.step_s * step_s
+            s.step_s = step_s
+            if s.prefill_s and not s.stepped:
+                self._prefill(s, share)
+            s.version += 1
             left = int((self._target(s.role, s.running) - self._progress(s.role)[s.running]).min())
-            self._push(max(self.now, s.t + left * s.step_s), "engine", s.index, s.version)
+            steps = min(left, self._steps_before_halt(s))
+            self._push(max(self.now, s.t + steps * s.step_s), s.index, s.version)
 
-    def _account(self, t: float, training: bool = False) -> None:
-        """Each slot's seconds from now to t, by state (nothing changes state in between but the end of
-        a shift). `training`: the step's last update, on the train slots, with nothing else at work."""
+    def _prefill(self, slot: Slot, share: float) -> None:
+        """The round's first engine steps take in the slot's new requests, at most a chunk of
+        `prefill_chunk_tokens` a step (vLLM's chunked prefill), those that start before the round's
+        halt; its sequences decode once all is in (the one token a chunk step also decodes for each
+        running sequence is left out). What is left waits for the next round."""
+        chunk = share * self.model.prefill_chunk_tokens / self.model.prefill_per_s[slot.role]
+        left = share * slot.prefill_s
+        chunks = max(1, math.ceil(left / chunk - 1e-9))
+        if slot.halt < math.inf:
+            chunks = min(chunks, max(1, math.ceil((slot.halt - slot.t) / chunk - 1e-9)))
+        seconds = min(left, chunks * chunk)
+        slot.t += seconds
+        slot.prefill_s = max(0.0, slot.prefill_s - seconds / share)
+        slot.stepped = True
+        self.step.steps_seen.append((seconds / chunks, chunks))
+        if slot.prefill_s:
+            slot.halt = min(slot.halt, slot.t)
+
+    def _steps_before_halt(self, slot: Slot) -> float:
+        """Engine steps the slot may still start this round: the first starts with the round, whatever
+        its limit (it also takes in the round's new requests)."""
+        if slot.halt == math.inf:
+            return math.inf
+        more = math.ceil((slot.halt - slot.t) / slot.step_s - 1e-9) if slot.step_s else 1
+        return max(0 if slot.stepped else 1, more)
+
+    def _account(self, t: float, state: str | None = None) -> None:
+        """Each slot's seconds from now to t, by state (STATES; nothing changes state in between but the
+        end of a shift). `state`: what every slot not shifting does meanwhile ("exchange", "waiting";
+        "train": the step's last update, which the train slots do while the others idle); None: a
+        round's work, slot by slot."""
+        span = max(t - self.now, 0.0)
         for s in self.slots:
-            shifting = min(max(s.ready_at - self.now, 0.0), max(t - self.now, 0.0))
+            shifting = min(max(s.ready_at - self.now, 0.0), span)
             self.slot_s["shifting"] += shifting
-            # Early training counts as idle here; _advance_train moves the seconds it worked to "train".
-            working = training if s.role == "train" else bool(s.running) and not training
-            self.slot_s[s.role if working else f"{s.role} idle"] += max(t - self.now, 0.0) - shifting
+            if state in ("exchange", "waiting"):
+                self.slot_s[state] += span - shifting
+                continue
+            working = (state == "train" or state is None and self.train_left > 0) if s.role == "train" else \
+                state is None and bool(s.running) and not s.stopped
+            waiting = state is None and s.stopped and bool(s.running)
+            self.slot_s[s.role if working else "waiting" if waiting else f"{s.role} idle"] += span - shifting
+
+    def _wait_until(self, t: float, state: str | None = None) -> None:
+        if t > self.now:
+            self._account(t, state)
+            self.train_left = max(0.0, self.train_left - (t - self.now) / self.train_share)
+            self.now = t
 
     def _busy(self) -> int:
         """Slots working now: engines with sequences, train slots with judged groups to train on."""
-        step = self.step
-        return sum(s.ready_at <= self.now and (bool(s.running) if s.role in ENGINE_ROLES else
-                                               self.model.early_train and step.train_ready > step.train_done)
+        return sum(s.ready_at <= self.now and (not s.stopped if s.role in ENGINE_ROLES else self.train_left > 0)
                    for s in self.slots)
 
-    def _stall(self, seconds: float) -> None:
-        """Lockstep: work inside a tick (a rank's prefill; a shift, since apply is collective) holds every
-        engine. Such work of several ranks at one instant runs side by side: the tick grows by the longest."""
-        at, longest = self.stalled
-        extra = max(0.0, seconds - longest) if at == self.now else seconds
-        self.stalled = (self.now, max(seconds, longest) if at == self.now else seconds)
-        for s in self.slots:
-            if s.role in ENGINE_ROLES and s.running:
-                s.t += extra
-
     def _advance(self, slot: Slot) -> None:
-        """Whole engine steps up to now; the engine's time stays at the last step's end, so a slot
-        touched often loses no fraction of a step."""
-        if not slot.running:
-            slot.t = max(slot.t, self.now)
+        """Whole engine steps up to now, none past its halt; the engine's time stays at the last step's
+        end, so a slot touched often loses no fraction of a step."""
+        if not slot.running or slot.stopped or not slot.step_s:
             return
         progress = self._progress(slot.role)
         left = int((self._target(slot.role, slot.running) - progress[slot.running]).min())
-        steps = min(left, max(0, int((self.now - slot.t) / slot.step_s + 1e-9)))
-        progress[slot.running] += steps
-        slot.t += steps * slot.step_s
+        steps = min(left, self._steps_before_halt(slot), max(0, int((self.now - slot.t) / slot.step_s + 1e-9)))
+        if steps > 0:
+            progress[slot.running] += steps
+            slot.t += steps * slot.step_s
+            slot.stepped = True
+            self.step.steps_seen.append((slot.step_s, steps))
 
     def _complete(self, slot: Slot) -> None:
-        step = self.step
         done = [i for i in slot.running if self._progress(slot.role)[i] >= self._target(slot.role, i)]
-        slot.running = [i for i in slot.running if i not in set(done)]
-        for i in done:
-            if slot.role == "rollout":
-                assert step.phase[i] == 1, f"sample {i} generated twice"
-                step.phase[i], step.generated = 2, step.generated + 1
-                step.queue["genrm"].append(i)
-            else:
-                assert step.phase[i] == 3, f"sample {i} judged twice"
-                step.phase[i], step.judged = 4, step.judged + 1
-                group = i // step.group_size
-                step.group_left[group] -= 1
-                if step.group_left[group] == 0:
-                    members = slice(group * step.group_size, (group + 1) * step.group_size)
-                    step.train_ready += float(step.tokens(members).sum())
-        if done and slot.role == "rollout":
-            self._offer("genrm", slot)
-
-    def _admit(self, slot: Slot) -> float:
-        """Takes queued work up to the engine's room and a fair share of the queue, as the scheduler's
-        dispatch does, so that migrated sequences spread over the role's engines; returns the seconds
-        their prefill takes. The share is of the engines not yet served at this instant: those touched
-        one after another at one instant split the queue evenly, as one dispatch would."""
-        queue, prefill = self.step.queue[slot.role], 0.0
-        engines = sum(s.role == slot.role and s.ready_at <= self.now and s.admitted_at != self.now
-                      for s in self.slots)
-        take = min(self.model.max_seqs[slot.role] - len(slot.running), -(-len(queue) // max(engines, 1)))
-        if take > 0:
-            slot.admitted_at = self.now
-        for _ in range(take):
-            i = queue.popleft()
-            self.step.phase[i] = 1 if slot.role == "rollout" else 3
-            slot.running.append(i)
-            # A resumed sequence prefills what it had generated too.
-            prefill += self._context(slot.role, [i])
-        return prefill / self.model.prefill_per_s[slot.role]
+        if done:
+            slot.running = [i for i in slot.running if i not in set(done)]
+            slot.finished += done
 
     def _progress(self, role: str) -> np.ndarray:
         return self.step.gen if role == "rollout" else self.step.cgen
@@ -357,74 +534,35 @@ class Simulation:
         return float(len(running) * (step.prompt + step.judge_template) + step.length[running].sum()
                      + step.cgen[running].sum())
 
-    # -- training -----------------------------------------------------------------------------------
-
-    def _advance_train(self, t: float) -> None:
-        """The train slots' work from the last event to t, on judged groups only."""
-        if t <= self.train_t:
-            return
-        step = self.step
-        trainers = [s for s in self.slots if s.role == "train"]
-        if self.model.early_train and trainers:
-            seconds = sum(max(0.0, t - max(self.train_t, s.ready_at)) for s in trainers)
-            rate = self.model.train_per_s(len(trainers)) / self.model.contention(self._busy())
-            worked = min(seconds, (step.train_ready - step.train_done) / rate)  # until the judged groups run out
-            self.slot_s["train"] += worked
-            self.slot_s["train idle"] -= worked
-            step.train_done = min(step.train_ready, step.train_done + seconds * rate)
-        self.train_t = t
-
     # -- shifts -------------------------------------------------------------------------------------
 
-    def _plan(self) -> None:
+    def _plan(self) -> list[planner.Move]:
         for s in self.slots:
-            if s.role in ENGINE_ROLES and s.running and s.ready_at <= self.now:
-                self.fits[s.role].observe(len(s.running), s.engine_s)
+            if s.role in ENGINE_ROLES and s.running and s.step_s:
+                self.fits[s.role].observe(len(s.running), s.step_s)
         speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), step_s=fit.fit()[0],
                                                         per_seq_s=fit.fit()[1]) for role, fit in self.fits.items()})
         ranks = [planner.Rank(s.role, int(self._context(s.role, s.running)) if s.role in ENGINE_ROLES else 0,
                               self.now - s.shifted_at) for s in self.slots]
-        moves = planner.plan(ranks, self._work(), speeds, self.costs, self.config)
-        train_after = sum(r == "train" for r in planner.apply_moves([s.role for s in self.slots], moves))
-        for move in moves:
-            self._shift(self.slots[move.rank], move.dst, train_after)
-        for move in moves:
-            self._touch(self.slots[move.rank])
+        return planner.plan(ranks, self._work(), speeds, self.costs, self.config)
 
-    def _shift(self, slot: Slot, role: str, train_slots: int) -> None:
-        """Moves a slot to `role`: its running sequences go back to the head of their queue (migration)."""
-        if slot.role == role and role != "train":
+    def _shift(self, slot: Slot, role: str, train_slots: int, grads: bool) -> None:
+        """Moves a slot to `role`: its engine exports its running sequences, which rank 0 queues again
+        at the next exchange (pivot_train.py reports them with the round's work)."""
+        if slot.role == role:
             return
-        old = slot.role
         if slot.role in ENGINE_ROLES:
-            self._advance(slot)
-            queue = self.step.queue[slot.role]
-            for i in reversed(slot.running):
-                self.step.phase[i] = 0 if slot.role == "rollout" else 2
-                queue.appendleft(i)
-            slot.running = []
-        if slot.role != role:
-            seconds = self.model.shift_seconds(slot.role, role, train_slots)
-            self.shifts, self.shift_seconds = self.shifts + 1, self.shift_seconds + seconds
-            slot.role, slot.shifted_at = role, self.now
-            slot.ready_at = max(slot.ready_at, self.now) + seconds
-            slot.version += 1
-            self._push(slot.ready_at, "engine", slot.index, slot.version)
-        if old in ENGINE_ROLES:
-            self._offer(old, slot)
-        if self.model.lockstep and old != role:
-            self._stall(seconds)
-        if self.model.cores is not None or self.model.lockstep:
-            self._retime(None)  # one engine fewer at work
+            slot.exported += slot.running
+            slot.running, slot.prefill_s = [], 0.0
+        self._reshard(slot, train_slots, grads, role)
+        slot.role, slot.shifted_at = role, self.now
+        slot.step_s = 0.0
 
-    def _offer(self, role: str, source: Slot) -> None:
-        """Queued work reaches the role's engines that have room, now rather than at their next event."""
-        room = [s for s in self.slots if s.role == role and s is not source and s.ready_at <= self.now
-                and len(s.running) < self.model.max_seqs[role]]
-        for other in sorted(room, key=lambda s: len(s.running)):  # the least loaded first
-            if not self.step.queue[role]:
-                return
-            self._touch(other)
+    def _reshard(self, slot: Slot, train_slots: int, grads: bool, role: str = "train") -> None:
+        """The slot's shift from its role to `role` (train to train: a reshard), counted as a shift."""
+        seconds = self.model.shift_seconds(slot.role, role, train_slots, grads)
+        self.shifts, self.shift_seconds = self.shifts + 1, self.shift_seconds + seconds
+        slot.ready_at = max(slot.ready_at, self.now) + seconds
 
     def _work(self) -> planner.Work:
         step, w = self.step, self.workload
@@ -464,6 +602,6 @@ class Simulation:
                              f"rollout 1; simulate more devices")
         return {"rollout": slots - t - g, "genrm": g, "train": t}
 
-    def _push(self, t: float, kind: str, slot: int, version: int = 0) -> None:
+    def _push(self, t: float, slot: int, version: int) -> None:
         self.counter += 1
-        heapq.heappush(self.events, (t, self.counter, kind, slot, version))
+        heapq.heappush(self.events, (t, self.counter, slot, version))

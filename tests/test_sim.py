@@ -11,7 +11,7 @@ import pytest
 import planner
 from sim import calibration as C
 from sim.__main__ import simulate
-from sim.engine import Simulation
+from sim.engine import RoundRules, Simulation
 
 BENCH_JSON = Path(__file__).with_name("data") / "placements_cpu.json"
 
@@ -21,10 +21,10 @@ def cal():
     return C.load()
 
 
-def run(cal, placement, slots=8, prompts=8, steps=2, interval=1.0, group="dense-8b-32b"):
+def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules=RoundRules()):
     model = C.GpuModel(cal, group)
     config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
-    sim = Simulation(model, C.gpu_workload(cal, prompts), slots, placement, config=config, interval=interval)
+    sim = Simulation(model, C.gpu_workload(cal, prompts), slots, placement, config=config, rules=rules)
     pushes = []
     push = sim._push
     sim._push = lambda t, *a: (pushes.append((t, sim.now)), push(t, *a))
@@ -33,21 +33,25 @@ def run(cal, placement, slots=8, prompts=8, steps=2, interval=1.0, group="dense-
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
 def test_every_sample_generated_judged_and_trained_once(cal, placement):
-    sim, result, pushes = run(cal, placement, interval=0.2)
+    sim, result, pushes = run(cal, placement)
     step = sim.step
     assert (step.phase == 4).all() and step.generated == step.judged == step.n == 8 * 16
     assert step.train_done == step.train_ready == float((step.prompt + step.length).sum())
     assert (step.gen == step.length).all() and (step.cgen == step.critique).all()  # no token lost or repeated
     assert result.samples == 2 * step.n and all(s > 0 for s in result.step_seconds)
     assert all(t >= now - 1e-9 for t, now in pushes)  # no event scheduled in the past
+    assert result.rounds > 0
     if placement == "pivot":
         assert result.shifts > 0
 
 
-def test_pivot_migrates_and_still_loses_nothing(cal):
-    sim, result, _ = run(cal, "pivot", slots=16, prompts=16, interval=0.05)
+def test_pivot_migrates_trains_early_and_still_loses_nothing(cal):
+    sim, result, _ = run(cal, "pivot", slots=16, prompts=16, steps=1)
     assert result.shifts > 2 * 16  # more than the step-end moves: the planner moved slots mid-step
     assert sim.step.judged == sim.step.n
+    # Some groups were handed to train slots while the step still ran, each once (run() checks that
+    # the update trained every token once); the rest at the end.
+    assert 0 < sim.step.handed.sum() < len(sim.step.handed)
 
 
 def test_the_clock_never_runs_backwards(cal):
@@ -92,18 +96,19 @@ def test_gpu_model_is_memory_bound_at_small_batch(cal):
 
 
 class StepModel(C.CostModel):
-    """Every engine step 1 s and nothing else costs: a step's time counts engine steps."""
-    slot_gpus, min_train_slots = 1, 1
+    """Every engine step 1 s (a judge step `judge_step_s`), each round's exchange `exchange_s`, nothing else
+    costs: a step's time counts engine steps and rounds."""
+    slot_gpus, min_train_slots, prefill_chunk_tokens = 1, 1, 1
     prefill_per_s = {"rollout": math.inf, "genrm": math.inf}
     max_seqs = {"rollout": 4, "genrm": 4}
 
-    def __init__(self, cores=None, lockstep=False, tick_s=0.0):
-        self.cores, self.lockstep, self.tick_s = cores, lockstep, tick_s
+    def __init__(self, cores=None, exchange_s=0.0, judge_step_s=1.0):
+        self.cores, self.exchange_s, self.judge_step_s = cores, exchange_s, judge_step_s
 
     def step_seconds(self, role, batch, context):
-        return 1.0
+        return 1.0 if role == "rollout" else self.judge_step_s
 
-    def shift_seconds(self, src, dst, train_slots):
+    def shift_seconds(self, src, dst, train_slots, grads):
         return 0.0
 
     def publish_seconds(self, train_slots):
@@ -112,39 +117,64 @@ class StepModel(C.CostModel):
     def train_per_s(self, train_slots):
         return math.inf
 
-    def tick_seconds(self, placement):
-        return self.tick_s
+    def exchange_seconds(self, placement, slots):
+        return self.exchange_s
 
 
-def two_slots(model) -> float:
-    """Colocated on two slots: responses of 10 and 20 tokens, one per slot, then critiques of 5 each."""
-    workload = C.Workload(2, 1, 1, 20, 5, lambda rng, n: np.array([10, 20]), lambda rng, n: np.array([5, 5]))
-    return Simulation(model, workload, 2, "colocated", config=planner.PlannerConfig()).run(1).seconds
+def two_slots(model, placement="colocated", rules=RoundRules(), split=None, lengths=(10, 20)):
+    """Two slots: responses of `lengths` tokens, then critiques of 5 each."""
+    workload = C.Workload(2, 1, 1, max(lengths), 5, lambda rng, n: np.array(lengths), lambda rng, n: np.array([5, 5]))
+    sim = Simulation(model, workload, len(split or "ab"), placement, config=planner.PlannerConfig(), rules=rules,
+                     split=split)
+    return sim.run(1)
 
 
 def test_slots_sharing_cores_slow_each_other_down():
     # Own devices: rollout ends with the 20-token response, then 5 critique steps.
-    assert two_slots(StepModel()) == pytest.approx(20 + 5)
+    assert two_slots(StepModel()).seconds == pytest.approx(20 + 5)
     # Two cores for two slots: nothing changes.
-    assert two_slots(StepModel(cores=2)) == pytest.approx(20 + 5)
+    assert two_slots(StepModel(cores=2)).seconds == pytest.approx(20 + 5)
     # One core: while both work each step takes 2 s; once the short response is done (at 20 s) the long one
     # has 10 steps left alone, at 1 s each; then both judge together, 2 s a step.
-    assert two_slots(StepModel(cores=1)) == pytest.approx(2 * 10 + 10 + 2 * 5)
+    assert two_slots(StepModel(cores=1)).seconds == pytest.approx(2 * 10 + 10 + 2 * 5)
 
 
-def test_lockstep_engines_step_at_the_slowest_pace_plus_the_tick():
-    assert two_slots(StepModel(lockstep=True, tick_s=0.5)) == pytest.approx(1.5 * (20 + 5))
+def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange():
+    """As shifting/scheduler.py colocated_plan orders them: with prompts queued the first rollout round is
+    timed (25 x the first-step guess of 2 ms: one engine step each), then one round until every engine has
+    run empty; the judge's round is timed at 25 x the median step seen (1 s), which outlasts its critiques."""
+    r = two_slots(StepModel(exchange_s=0.5))
+    assert r.rounds == 3
+    assert r.seconds == pytest.approx(20 + 5 + 3 * 0.5)
+    assert r.slot_seconds["exchange"] == pytest.approx(2 * 3 * 0.5)
+    # The slot whose response ended at 10 s idles until the other's does, at 20 s.
+    assert r.slot_seconds["rollout idle"] == pytest.approx(10)
+
+
+def test_a_slot_past_the_round_limit_waits_for_a_long_step():
+    """Disaggregated, one rollout slot and one judge slot whose steps take 30 s: while the long response
+    rolls out, each round lasts the judge's step, and the rollout slot, past its limit of 25 steps
+    (25 x the median step, 1 s), waits 5 s of it with work in hand, in each of the five rounds of the
+    judge's critique; stepping on until every slot reaches the limit (not the loop's rule) leaves only
+    the judge's wait for the rollout slot's step in progress (1 s), in the four rounds that end so."""
+    split, lengths = {"rollout": 1, "genrm": 1, "train": 1}, (10, 200)
+    model = StepModel(judge_step_s=30.0)
+    held = two_slots(model, "disaggregated", split=split, lengths=lengths)
+    assert held.slot_seconds["waiting"] == pytest.approx(5 * 5)
+    free = two_slots(model, "disaggregated", RoundRules(step_on=True), split=split, lengths=lengths)
+    assert free.slot_seconds["waiting"] == pytest.approx(4 * 1)
+    assert free.seconds == pytest.approx(held.seconds - 25)
 
 
 def test_cpu_path_runs_on_what_the_bench_writes(cal):
     """tests/data/placements_cpu.json: bench/placements.py --json's cost-model keys from a real run (its
     length lists cut short)."""
     measured = json.loads(BENCH_JSON.read_text())
-    for key in ("rollout_step_s", "tick_s"):
+    for key in ("rollout_step_s", "exchange_per_round_s"):
         with pytest.raises(C.CalibrationError, match=key):
             C.CpuModel(cal, {k: v for k, v in measured.items() if k != key})
     model = C.CpuModel(cal, measured)
-    assert model.shift_seconds("rollout", "genrm", 4) == measured["shift_s"]["rollout->genrm"]  # the runs' own
+    assert model.shift_seconds("rollout", "genrm", 4, False) == measured["shift_s"]["rollout->genrm"]  # the runs' own
     args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None)
     r = simulate(cal, "cpu", measured["nproc"], args)
     assert r["placements"]["disaggregated"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
@@ -152,6 +182,9 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
         assert p["samples_per_s"] * sum(p["step_s"]) == pytest.approx(2 * measured["prompts_per_step"]
                                                                       * measured["group_size"])
     assert r["placements"]["pivot"]["shifts"] > 0 and r["placements"]["colocated"]["shifts"] > 0
+    # Colocated on the built-in task: a timed first round, then until every engine is empty, for rollout
+    # and for the judge; the ranks' report to rank 0 as measured after each.
+    assert r["placements"]["colocated"]["rounds"] == 2 * 4
 
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
@@ -169,7 +202,8 @@ def test_phases_and_slot_states_account_for_the_run(cal, placement):
     assert result.seconds >= result.critical_path_s > 0  # no placement beats its slowest sample
 
 
-def test_one_slot_is_idle_only_while_it_shifts(cal):
+def test_one_slot_is_idle_only_while_it_shifts_or_reports(cal):
     sim, result, _ = run(cal, "colocated", slots=1, prompts=2)
     assert sum(v for k, v in result.slot_seconds.items() if k.endswith("idle")) == pytest.approx(0, abs=1e-9)
-    assert result.busy_fraction == pytest.approx(1 - result.shifts * result.shift_seconds / result.seconds)
+    overhead = result.shifts * result.shift_seconds + result.slot_seconds["exchange"]
+    assert result.busy_fraction == pytest.approx(1 - overhead / result.seconds)
