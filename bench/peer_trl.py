@@ -33,17 +33,28 @@ norm clipped at 1.0), fp32, the same number of steps. TRL runs as one process wi
 (torch.set_num_threads(2)), generating with transformers; PivotRL as `torchrun --standalone
 --nproc_per_node=2 pivot_train.py --placement colocated` (one thread per rank), generating with vLLM.
 
-What was done to make TRL as fast as it allows here: gradient checkpointing off (GRPOConfig turns it on
-by default, trading ~20% of training time for memory this job does not need); fp32 rather than the
-default bf16 autocast (what PivotRL computes in on CPU); no evaluation, no checkpoint, no logging to disk
-or to any tracker, no progress bar; the judge generates all 128 critiques of a step in one batched
-`generate` under inference mode; the step's 128 responses in one training batch with no gradient
-accumulation (`--trl-micro-batch` splits it into accumulated micro-batches; a forward and backward pass
-over 128 such sequences cost the same CPU time in one batch as in 2, 4 or 8 here, 0.7-0.8 s on one
-thread); the process's two threads are checked at every step. TRL's own `step_time` metric (GRPOTrainer.training_step)
-leaves out the optimizer step, so its steps are timed here by a callback, from `on_step_begin` to
-`on_step_end` (transformers' Trainer calls them around the forward/backward passes and the optimizer and
-scheduler steps; logging comes after `on_step_end`, outside the timed span).
+What was done to make TRL as fast as it allows here:
+- gradient checkpointing off (GRPOConfig turns it on by default, trading ~20% of training time for
+  memory this job does not need); fp32 rather than the default bf16 autocast (PivotRL's dtype on CPU);
+- no evaluation, no checkpoint, no logging to disk or to any tracker, no progress bar;
+- the judge writes all 128 critiques of a step in one batched `generate` under inference mode, with a
+  static KV cache (about 15% less CPU time than the default dynamic cache, which grows by concatenation
+  every token; for the policy's shorter sequences the two cost the same, so TRL's default stays);
+- the step's 128 responses in one training batch (`--trl-micro-batch` splits it into accumulated
+  micro-batches; a forward and backward pass over 128 such sequences cost the same CPU time in one batch
+  as in 2, 4 or 8 here, 0.7-0.8 s on one thread);
+- 2 threads, checked at every step, whose idle waits are passive (OMP_WAIT_POLICY=PASSIVE,
+  `--trl-omp-wait-policy`). On a shared machine this matters: with libgomp's default (spin, then sleep)
+  two threads of one process on two cores that other processes also want spend their time spinning at
+  barriers for a peer that is not running. Measured here at load average 5-15, one step's work with
+  torch.set_num_threads(2), CPU seconds spinning / passive (one thread): policy generate 4.6-9.5 / 0.66
+  (0.48), the judge's generate 22.9-27.7 / 3.3 (2.9), a training pass 2.5-4.5 / 0.8-0.9 (0.7-0.8); wall
+  time fell 5-7x. PivotRL's ranks run one thread each, so OpenMP has no team to wait on there.
+
+TRL's own `step_time` metric (GRPOTrainer.training_step) leaves out the optimizer step, so its steps are
+timed here by a callback from `on_step_begin` to `on_step_end`: transformers' Trainer (5.19,
+`_run_epoch`) calls them around the generation, scoring, forward/backward, optimizer and scheduler steps
+of one optimizer step; logging comes after `on_step_end`, outside the timed span.
 
 Differences that remain between the two jobs:
 - Generation: transformers `generate` on the training model (one batch, left-padded, decoding until
@@ -64,6 +75,7 @@ Differences that remain between the two jobs:
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -77,6 +89,7 @@ INSTALL = ("python3 -m venv .venv-peer && .venv-peer/bin/pip install -r requirem
            " && .venv-peer/bin/pip uninstall -y torchvision torchaudio torchcodec")
 TRL_THREADS = 2
 NPROC = 2
+WAIT_POLICIES = ("PASSIVE", "ACTIVE", "default")
 
 
 def job_flags(steps: int, seed: int) -> list[str]:
@@ -102,33 +115,40 @@ def samples_per_s(samples: list[int], seconds: list[float]) -> float:
     return sum(samples[1:]) / sum(seconds[1:])
 
 
-def run_trl(python: str, steps: int, seed: int, out: Path) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [python, str(Path(__file__).resolve()), "--trl-side", str(out / "trl.json"),
-           "--steps", str(steps), "--seed", str(seed)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    (out / "log.txt").write_text(proc.stdout + proc.stderr)
+def launch(side: str, cmd: list[str], env: dict | None = None) -> float:
+    """Runs one side's command; returns the machine's 1-minute load average at its end (above 2, this
+    machine's processes wanted more cores than it has)."""
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        sys.exit(f"TRL run failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        sys.exit(f"{side} run failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return os.getloadavg()[0]
+
+
+def run_trl(args, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [args.trl_python, str(Path(__file__).resolve()), "--trl-side", str(out / "trl.json"),
+           "--steps", str(args.steps), "--seed", str(args.seed),
+           *(["--trl-micro-batch", str(args.trl_micro_batch)] if args.trl_micro_batch else [])]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if args.trl_omp_wait_policy != "default":
+        env["OMP_WAIT_POLICY"] = args.trl_omp_wait_policy
+    load = launch("TRL", cmd, env)
     result = json.loads((out / "trl.json").read_text())
-    return result | {"samples_per_s": samples_per_s(result["samples"], result["step_time_s"])}
+    return result | {"samples_per_s": samples_per_s(result["samples"], result["step_time_s"]), "load_avg": load}
 
 
-def run_pivot(steps: int, seed: int, out: Path) -> dict:
+def run_pivot(args, out: Path) -> dict:
     """PivotRL colocated on 2 ranks, from this interpreter (the repository's .venv); its evaluations come
     before step 0 and after the last step, outside every step's time."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
-           str(ROOT / "pivot_train.py"), "--placement", "colocated", "--eval-every", str(steps + 1),
-           "--eval-prompts", "32", "--out", str(out), *job_flags(steps, seed)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"PivotRL run failed ({' '.join(cmd)}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+           str(ROOT / "pivot_train.py"), "--placement", "colocated", "--eval-every", str(args.steps + 1),
+           "--eval-prompts", "32", "--out", str(out), *job_flags(args.steps, args.seed)]
+    load = launch("PivotRL", cmd)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps_done = [r for r in records if "samples_per_s" in r]
-    return {"samples": [r["samples"] for r in steps_done], "step_time_s": [r["step_time_s"] for r in steps_done],
-            "rewards": [r["reward_mean"] for r in steps_done],
-            "samples_per_s": samples_per_s([r["samples"] for r in steps_done],
-                                           [r["step_time_s"] for r in steps_done])}
+    samples, seconds = [r["samples"] for r in steps_done], [r["step_time_s"] for r in steps_done]
+    return {"samples": samples, "step_time_s": seconds, "rewards": [r["reward_mean"] for r in steps_done],
+            "samples_per_s": samples_per_s(samples, seconds), "load_avg": load}
 
 
 def main():
@@ -140,6 +160,8 @@ def main():
     p.add_argument("--out", default=None, help="keep the runs' directories here (default: a temporary one)")
     p.add_argument("--trl-python", default=str(ROOT / ".venv-peer/bin/python"),
                    help="an interpreter with TRL " + TRL_VERSION + " and PivotRL's requirements")
+    p.add_argument("--trl-omp-wait-policy", choices=WAIT_POLICIES, default="PASSIVE",
+                   help="OMP_WAIT_POLICY of the TRL process (default: libgomp's own, which spins before it sleeps)")
     p.add_argument("--trl-micro-batch", type=int, default=None,
                    help="TRL's samples per forward pass (accumulated to the step's 128); default all at once")
     p.add_argument("--trl-side", default=None, help=argparse.SUPPRESS)  # the TRL run itself, in --trl-python
@@ -155,11 +177,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.out or tmp)
         for repeat in range(args.repeats):
-            runs["trl"].append(run_trl(args.trl_python, args.steps, args.seed, folder / f"trl-{repeat}"))
-            print(f"repeat {repeat} TRL               {runs['trl'][-1]['samples_per_s']:7.1f} samples/s", flush=True)
-            runs["pivot_colocated"].append(run_pivot(args.steps, args.seed, folder / f"pivot-{repeat}"))
-            print(f"repeat {repeat} PivotRL colocated {runs['pivot_colocated'][-1]['samples_per_s']:7.1f} samples/s",
-                  flush=True)
+            for side, name, run in (("trl", "TRL", run_trl), ("pivot_colocated", "PivotRL colocated", run_pivot)):
+                runs[side].append(run(args, folder / f"{side}-{repeat}"))
+                print(f"repeat {repeat} {name:17s} {runs[side][-1]['samples_per_s']:7.1f} samples/s  (load average "
+                      f"{runs[side][-1]['load_avg']:.1f} at its end)", flush=True)
     figures = summary(runs, args)
     report(figures)
     if args.json:
@@ -169,7 +190,8 @@ def main():
 def summary(runs: dict, args) -> dict:
     ratios = [p["samples_per_s"] / t["samples_per_s"] for t, p in zip(runs["trl"], runs["pivot_colocated"])]
     return {"steps": args.steps, "repeats": args.repeats, "seed": args.seed, "trl_version": TRL_VERSION,
-            "trl_threads": TRL_THREADS, "pivot_ranks": NPROC,
+            "trl_threads": TRL_THREADS, "trl_omp_wait_policy": args.trl_omp_wait_policy,
+            "trl_micro_batch": args.trl_micro_batch, "pivot_ranks": NPROC,
             "trl_samples_per_s": statistics.median(r["samples_per_s"] for r in runs["trl"]),
             "pivot_colocated_samples_per_s": statistics.median(r["samples_per_s"] for r in runs["pivot_colocated"]),
             # Runs next to each other share the machine's drift, which a ratio of the two medians would not cancel.
@@ -229,7 +251,7 @@ def trl_side(args) -> None:
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
             out = self.model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
                                       max_new_tokens=job.max_critique_tokens, pad_token_id=pad,
-                                      eos_token_id=genrm_tok.eos_token_id)
+                                      eos_token_id=genrm_tok.eos_token_id, cache_implementation="static")
             critiques = genrm_tok.batch_decode(out[:, width:], skip_special_tokens=True)
             rewards = [0.0 if (v := parse_verdict(c)) is None else v for c in critiques]
             self.step_rewards.append(sum(rewards) / len(rewards))
