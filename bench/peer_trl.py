@@ -6,7 +6,9 @@ Runs go TRL, PivotRL, TRL, PivotRL, ... so that the machine's drift hits both al
 is counted the same way on both sides: samples per second of step time over the steps after the first
 (which warms up allocators and engines), with no evaluation inside the timed steps. It prints each run's
 figure, the median of each side, and PivotRL colocated / TRL as the median of each repeat's own ratio,
-then both reward curves (first repeat).
+then both reward curves (first repeat). Beside them: the load average at the end of each run, and the
+most TRL could reach on an idle machine (its steps' CPU seconds spread over its 2 threads), since a
+busy shared machine slows a 2-thread process more than 2 one-thread ranks (see below).
 
 TRL is a bench-only dependency, in its own virtual environment beside the repository's .venv, with the
 same pins (requirements.txt: torch 2.13.0 CPU, transformers 5.19.0, and vLLM, which PivotRL's verdict
@@ -61,7 +63,10 @@ Differences that remain between the two jobs:
   the longest response ends) against vLLM engines with paged KV caches; TRL's step has no weight
   sync, PivotRL's step includes publishing the new weights and reloading them into the engines.
 - Parallelism: one process with 2 threads against 2 ranks with one thread each (FSDP2 over gloo; each
-  rank generates and judges its half of the samples and trains on its half of each micro-batch).
+  rank generates and judges its half of the samples and trains on its half of each micro-batch). The
+  2 threads meet at the end of every parallel operator, the 2 ranks only at collectives, so when other
+  processes take the cores (load average above 2) a preempted thread stalls TRL more often than a
+  preempted rank stalls PivotRL: interleaving does not cancel this, a quiet machine does.
 - Sampling: the same distribution, not the same draws (TRL draws from torch's global generator,
   PivotRL seeds each sample), so responses, rewards and updates differ from step to step.
 - The ratio's denominator: TRL's own recomputed logprobs (on-policy, `old_per_token_logps` is None, so
@@ -134,7 +139,12 @@ def run_trl(args, out: Path) -> dict:
         env["OMP_WAIT_POLICY"] = args.trl_omp_wait_policy
     load = launch("TRL", cmd, env)
     result = json.loads((out / "trl.json").read_text())
-    return result | {"samples_per_s": samples_per_s(result["samples"], result["step_time_s"]), "load_avg": load}
+    # With passive waits its threads' CPU time is work: on an idle machine a step could take no less than
+    # that over its threads, whatever other processes did to its wall time here. Spinning is not work.
+    idle = [cpu / TRL_THREADS for cpu in result["step_cpu_s"]]
+    bound = samples_per_s(result["samples"], idle) if args.trl_omp_wait_policy == "PASSIVE" else None
+    return result | {"samples_per_s": samples_per_s(result["samples"], result["step_time_s"]), "load_avg": load,
+                     "idle_bound_samples_per_s": bound}
 
 
 def run_pivot(args, out: Path) -> dict:
@@ -194,6 +204,8 @@ def summary(runs: dict, args) -> dict:
             "trl_micro_batch": args.trl_micro_batch, "pivot_ranks": NPROC,
             "trl_samples_per_s": statistics.median(r["samples_per_s"] for r in runs["trl"]),
             "pivot_colocated_samples_per_s": statistics.median(r["samples_per_s"] for r in runs["pivot_colocated"]),
+            "trl_idle_bound_samples_per_s": statistics.median(r["idle_bound_samples_per_s"] for r in runs["trl"])
+            if args.trl_omp_wait_policy == "PASSIVE" else None,
             # Runs next to each other share the machine's drift, which a ratio of the two medians would not cancel.
             "pivot_colocated_over_trl": statistics.median(ratios), "ratio_per_repeat": ratios, "runs": runs}
 
@@ -202,6 +214,9 @@ def report(figures: dict) -> None:
     print(f"\n{'':18s} {'samples/s (median)':>19s}")
     print(f"{'TRL ' + figures['trl_version']:18s} {figures['trl_samples_per_s']:19.1f}")
     print(f"{'PivotRL colocated':18s} {figures['pivot_colocated_samples_per_s']:19.1f}")
+    if figures["trl_idle_bound_samples_per_s"] is not None:
+        print(f"(TRL on an idle machine could reach at most {figures['trl_idle_bound_samples_per_s']:.1f}: its steps' "
+              f"CPU seconds over its {figures['trl_threads']} threads)")
     print(f"\nPivotRL colocated / TRL  {figures['pivot_colocated_over_trl']:.2f}x  (median of each repeat's own ratio: "
           + ", ".join(f"{r:.2f}" for r in figures["ratio_per_repeat"]) + ")")
     print("(samples per second of step time over the steps after the first; this machine is shared, so absolute "
@@ -258,16 +273,18 @@ def trl_side(args) -> None:
             return rewards
 
     class StepTimes(TrainerCallback):
+        """Each step's wall time and the CPU time of the process's threads in it."""
         def __init__(self):
-            self.seconds, self.begin = [], None
+            self.seconds, self.cpu, self.begin = [], [], None
 
         def on_step_begin(self, *_, **__):
             if torch.get_num_threads() != TRL_THREADS:
                 raise RuntimeError(f"TRL runs on {torch.get_num_threads()} threads, not {TRL_THREADS}")
-            self.begin = time.perf_counter()
+            self.begin = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *_, **__):
-            self.seconds.append(time.perf_counter() - self.begin)
+            self.seconds.append(time.perf_counter() - self.begin[0])
+            self.cpu.append(time.process_time() - self.begin[1])
 
     samples = job.prompts_per_step * job.group_size
     micro = args.trl_micro_batch or samples
@@ -289,8 +306,8 @@ def trl_side(args) -> None:
         trainer = GRPOTrainer(model=job.policy, reward_funcs=judge, args=config, train_dataset=dataset,
                               processing_class=policy_tok, callbacks=[times])
         trainer.train()
-    Path(args.trl_side).write_text(json.dumps({"samples": [samples] * len(times.seconds),
-                                               "step_time_s": times.seconds, "rewards": judge.step_rewards}))
+    Path(args.trl_side).write_text(json.dumps({"samples": [samples] * len(times.seconds), "step_time_s": times.seconds,
+                                               "step_cpu_s": times.cpu, "rewards": judge.step_rewards}))
 
 
 if __name__ == "__main__":
