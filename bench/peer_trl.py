@@ -201,7 +201,7 @@ def summary(runs: dict, args) -> dict:
     ratios = [p["samples_per_s"] / t["samples_per_s"] for t, p in zip(runs["trl"], runs["pivot_colocated"])]
     return {"steps": args.steps, "repeats": args.repeats, "seed": args.seed, "trl_version": TRL_VERSION,
             "trl_threads": TRL_THREADS, "trl_omp_wait_policy": args.trl_omp_wait_policy,
-            "trl_micro_batch": args.trl_micro_batch, "pivot_ranks": NPROC,
+            "trl_micro_batch": args.trl_micro_batch, "pivot_ranks": NPROC, "cores": os.cpu_count(),
             "trl_samples_per_s": statistics.median(r["samples_per_s"] for r in runs["trl"]),
             "pivot_colocated_samples_per_s": statistics.median(r["samples_per_s"] for r in runs["pivot_colocated"]),
             "trl_idle_bound_samples_per_s": statistics.median(r["idle_bound_samples_per_s"] for r in runs["trl"])
@@ -219,8 +219,13 @@ def report(figures: dict) -> None:
               f"CPU seconds over its {figures['trl_threads']} threads)")
     print(f"\nPivotRL colocated / TRL  {figures['pivot_colocated_over_trl']:.2f}x  (median of each repeat's own ratio: "
           + ", ".join(f"{r:.2f}" for r in figures["ratio_per_repeat"]) + ")")
-    print("(samples per second of step time over the steps after the first; this machine is shared, so absolute "
-          "figures drift and the ratio of interleaved runs is the figure to read)")
+    print("(samples per second of step time over the steps after the first; on a shared machine absolute figures "
+          "drift, and the ratio of interleaved runs cancels the drift that slows both sides alike)")
+    busy = [r["load_avg"] for side in figures["runs"].values() for r in side if r["load_avg"] > figures["cores"]]
+    if busy:
+        print(f"warning: {len(busy)} of {2 * figures['repeats']} runs ended with the load average above this machine's "
+              f"{figures['cores']} cores (up to {max(busy):.1f}): other processes took cores, which slows TRL's 2 "
+              f"threads more than PivotRL's 2 ranks, so this ratio favours PivotRL; rerun on a quiet machine")
     trl, pivot = figures["runs"]["trl"][0], figures["runs"]["pivot_colocated"][0]
     print("\nreward per step (first repeat; the same job, not the same samples)\nstep      TRL  PivotRL")
     for step, (a, b) in enumerate(zip(trl["rewards"], pivot["rewards"])):
