@@ -369,7 +369,7 @@ def main(argv=None):
         shifts = generation.pop("shifts") + to_train(context, placement)
         stats = train_step(context, samples, early, timeline, args)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
-        placement.learn(samples, shifts)
+        placement.learn(samples, shifts, stats)
         record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
         record.update(timeline.close_step())
@@ -410,9 +410,9 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
                queues.train_per_s) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
     failures, judged, migrated, engines, placement.train_per_s = counts[0]
-    # What every rank waited for beyond the busiest rank's work, the plan and the shifts: the rounds'
-    # exchange with rank 0.
-    exchange = seconds - engines["rounds_work_s"] - engines["plan_s"] - engines["rollout_judge_shift_s"]
+    # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and the
+    # plan: the rounds' exchange with rank 0.
+    exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]
     return samples, early, {"shifts": shifts, "migrated_sequences": migrated,
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                      "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
@@ -437,8 +437,12 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
         minibatches = [samples[i:i + per] for i in range(0, len(samples), per)]
     stats = None
     if context.trainer is not None:
+        start = time.perf_counter()
         with timeline.busy("train"):
             stats = context.trainer.train_step(minibatches, early if early["groups"] else None)
+        # Prompt and response tokens per second per train rank: what sizes early training's shares.
+        tokens = sum(len(s.prompt_ids) + len(s.response_ids) for mb in minibatches for s in mb)
+        stats["train_tokens_per_s"] = tokens / (time.perf_counter() - start) / dist.get_world_size(context.trainer.group)
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
     stats = next(s for s in everyone if s is not None)

@@ -76,9 +76,12 @@ class RoleContext:
     def role(self) -> str:
         return self.roles[self.d.rank]
 
-    def apply(self, roles: list[str]) -> list[dict]:
-        """Collective: moves every rank to its role in `roles`; returns each shifted rank's record
-        {rank, from, to, seconds, drain, offload, onload, ready, bytes}, the same on every rank."""
+    def apply(self, roles: list[str], gather: bool = True) -> list[dict]:
+        """Moves every rank to its role in `roles` (every rank passes the same); returns each shifted
+        rank's record {rank, from, to, seconds, drain, offload, onload, ready, bytes}, the same on every
+        rank. Collective where the train group changes (the state is saved, a group made) and to gather
+        the records; with `gather` False, a move between engine roles is this rank's alone (no rank waits
+        for another's) and only this rank's record comes back."""
         assert len(roles) == self.d.world_size and set(roles) <= set(ROLES), roles
         old, new = self.role, roles[self.d.rank]
         regroup = train_ranks(roles) != train_ranks(self.roles)
@@ -116,6 +119,8 @@ class RoleContext:
                       **seconds, "bytes": moved}
             if self.observer:
                 self.observer.shifted(record, start)
+        if not gather:  # the caller collects the records its own way (the scheduler, in its reports)
+            return [record] if record else []
         records = [None] * self.d.world_size
         dist.all_gather_object(records, record, group=self.d.control)
         return [r for r in records if r is not None]

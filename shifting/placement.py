@@ -21,12 +21,14 @@ class Placement:
         # rolls out and judges; the optimizer steps once every group is in, so the update is the same.
         # One minibatch only: a later minibatch's gradients need the weights its predecessor updates.
         self.early_train = args.placement == "pivot" and args.force_shifts is None and args.minibatches == 1
-        self.train_per_s = 1e4  # tokens per second per train rank, a prior the steps' measurements replace
+        # Prompt and response tokens per second per train rank through forward and backward: a prior
+        # (about what the built-in task's models train at here) that each step's measurements replace.
+        self.train_per_s = 2e3
         self.planner = None
         if args.placement == "pivot":
             # Priors only: the planner refits engine speeds every round and shift costs every step.
             engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
-            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=1e4),
+            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=self.train_per_s),
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b},
                                        LengthEstimate([], args.max_response_tokens),
                                        LengthEstimate([], args.max_critique_tokens),
@@ -58,11 +60,12 @@ class Placement:
             self.planner.load_state(state)
             self.train_per_s = self.planner.speeds.train_per_s
 
-    def learn(self, samples, shifts: list[dict]) -> None:
+    def learn(self, samples, shifts: list[dict], stats: dict) -> None:
         """The pivot planner's view of the next step: this step's lengths, the training speed and the
         measured shift costs."""
         if self.planner is None:
             return
+        self.train_per_s = 0.5 * self.train_per_s + 0.5 * stats["train_tokens_per_s"]
         self.planner.speeds = replace(self.planner.speeds, train_per_s=self.train_per_s)
         self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
         self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)

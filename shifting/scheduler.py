@@ -3,19 +3,24 @@
 A step's work is one rollout request per sample (P x G) and, as each response finishes, one judge
 request for it. Ranks work in rounds. At the start of a round rank 0 hands every rank its orders:
 every rank's role from now on, new requests for its engine, and how long to work before reporting
-back. Each rank then steps the engine of its role on its own, at its own pace, until its round ends;
-then all ranks report to rank 0 (requests finished, requests exported by a shift, requests in flight,
-the engine steps they took) and rank 0 decides the next round. A rank told to change role first
-exports its in-flight requests; they go back to the head of their queue and resume on another rank
-with prompt + generated as the prompt and their sampler's state, so a migrated sequence comes out
-token for token as it would have without the move.
+back. Each rank then makes its shift, if it has one (a move between the engine roles is its own; a
+change of the train group is collective), and steps the engine of its role, or trains the judged
+groups it was handed, on its own and at its own pace, until its round ends; then all ranks report
+to rank 0 (requests finished, turned into samples and verdicts where they finished; requests exported
+by a shift; requests in flight; the engine steps they took; their shift) and rank 0 decides the next
+round. A rank told to change role first exports its in-flight requests; they go back to the head of
+their queue and resume on another rank with prompt + generated as the prompt and their sampler's
+state, so a migrated sequence comes out token for token as it would have without the move.
 
 How long a round lasts is the plan's to say (`Rounds`): a placement that cannot change anything
 before every engine has run empty (colocated, with nothing queued) works until then and reports once;
-a planner that may move ranks at any time reports every `round_steps` engine steps' worth of time, so
-the exchange with rank 0 costs a small part of the engines' time however fast their steps are (a GPU
-decode step or a CPU one); `--force-shifts` reports after every engine step, so its seeded schedule of
-moves is the same from run to run. What each sample is does not depend on any of this: every request
+a planner that may move ranks at any time reports every `round_steps` engine steps' worth of time (and
+at least ROUND_OVER_EXCHANGE exchanges' worth), so the exchange with rank 0 costs a small part of the
+engines' time however fast their steps are (a GPU decode step or a CPU one) and however many ranks
+report; a rank past its time keeps working until every rank is past its own, and a rank whose engine
+runs empty ends the round for all (`RoundEnd`, through the launch's store, no collective);
+`--force-shifts` reports after every engine step, so its seeded schedule of moves is the same from
+run to run. What each sample is does not depend on any of this: every request
 carries its own seed and migrates with its sampler's state. Invariant (tested): every prompt yields
 exactly G responses, each judged exactly once, with no generated token lost or repeated.
 """
@@ -36,6 +41,9 @@ from roles.rollout import RolloutEngine, Sample
 from roles.trainer import grpo_advantages
 
 
+ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
+
+
 @dataclass(frozen=True)
 class Rounds:
     """How long every rank works before its next report: at most `steps` engine steps and at most
@@ -47,33 +55,46 @@ class Rounds:
 
 
 class RoundEnd:
-    """The signal by which a rank whose engine ran empty ends a round early for every rank: a key in the
-    launch's store, which every rank looks up between engine steps, at most every `poll_s` (a look-up is
-    a round trip to the store, some 0.1-0.3 ms). It needs no collective, so no rank waits for another."""
+    """When a timed round ends, agreed without a collective: a counter in the launch's store that every
+    rank adds 1 to once it has had its round's time (or has nothing left to do), and that a rank whose
+    engine ran empty raises past the world's size to end the round for every rank (when the plan has
+    other work for it). A rank past its time keeps working until every rank has had its own, looking
+    the counter up between engine steps, at most every `poll_s` (a look-up is a round trip to the
+    store, some 0.1-0.3 ms): so no rank idles while another finishes a long step, a long prefill or a
+    training share, and the exchange comes once all are ready for it."""
 
-    def __init__(self, store, step: int, poll_s: float = 0.01):
-        self.store, self.step, self.poll_s, self.round = store, step, poll_s, 0
-        self.last_poll = 0.0
+    def __init__(self, store, world_size: int, step: int, poll_s: float = 0.01):
+        self.store, self.world_size, self.step, self.poll_s = store, world_size, step, poll_s
+        self.round, self.last_poll, self.arrived = 0, 0.0, False
 
     def next(self) -> None:
-        self.round, self.last_poll = self.round + 1, time.perf_counter()
+        self.round, self.last_poll, self.arrived = self.round + 1, time.perf_counter(), False
 
     @property
     def key(self) -> str:
         return f"round-end/{self.step}/{self.round}"
 
-    def signal(self) -> None:
-        self.store.set(self.key, "1")
+    def arrive(self) -> None:
+        """This rank has had its round's time."""
+        if not self.arrived:
+            self.arrived = True
+            self.store.add(self.key, 1)
 
-    def signalled(self) -> bool:
+    def end_now(self) -> None:
+        """This rank is free and the plan may have other work for it: every rank stops."""
+        self.arrived = True
+        self.store.add(self.key, 2 * self.world_size)
+
+    def over(self) -> bool:
+        """Whether every rank has arrived or one ended the round (looked up at most every poll_s)."""
         now = time.perf_counter()
         if now - self.last_poll < self.poll_s:
             return False
         self.last_poll = now
-        return self.store.check([self.key])
+        return self.store.add(self.key, 0) >= self.world_size
 
     def forget(self) -> None:
-        """Rank 0, once every rank has left the round: its key, if set, is no longer read."""
+        """Rank 0, once every rank has left the round: its key is no longer read."""
         self.store.delete_key(self.key)
 
 
@@ -91,6 +112,8 @@ class Report:
     # tokens), and the seconds it took.
     trained: dict | None = None
     train_s: float = 0.0
+    shifts: list[dict] = field(default_factory=list)  # this rank's shift at the round's start, if it made one
+    shift_s: float = 0.0  # its seconds (with any collective part: a train group that changed)
     error: str | None = None  # a judge output under --on-parse-failure stop
 
     @property
@@ -99,8 +122,8 @@ class Report:
 
     @property
     def work_s(self) -> float:
-        """Seconds this rank worked in the round: engine steps or early training."""
-        return sum(seconds for _, seconds, _ in self.steps) + self.train_s
+        """Seconds this rank worked in the round: its shift, then engine steps or early training."""
+        return self.shift_s + sum(seconds for _, seconds, _ in self.steps) + self.train_s
 
 
 @dataclass
@@ -137,22 +160,28 @@ class StepQueues:
         self.round_steps, self.step_seconds = round_steps, deque(maxlen=256)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
+        self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
         self.plan_s = 0.0  # rank 0's seconds in the plan function, which every rank waits for
-        self.shift_s = 0.0  # seconds of the shifts made while rolling out and judging
+        self.shifts: list[dict] = []  # made while rolling out and judging, round by round in rank order
+        self.shift_s = 0.0  # their seconds: the longest of each round, summed
         # Early training: judged groups handed to the train ranks (prompt indices), what they summed,
-        # and the train ranks' measured tokens per second per rank, which sizes a round's share.
+        # and the train ranks' measured prompt and response tokens per second per rank, which sizes a
+        # round's share.
         self.early_train, self.train_per_s = early_train, train_per_s
         self.trained: list[int] = []
+        self.handed_tokens = 0  # prompt and response tokens of the groups last handed to train
         self.early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
         self.early_train_s = 0.0
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
         stepped = [r for r in reports if r.steps]
-        worked = [r.work_s for r in reports if r.steps or r.trained]
+        worked = [r.work_s for r in reports if r.steps or r.trained or r.shifts]
         if worked:
             self.rounds += 1
             self.rounds_work_s += max(worked)
+        self.shifts += [record for r in reports for record in r.shifts]
+        self.shift_s += max((r.shift_s for r in reports if r.shifts), default=0.0)
         for r in stepped:
             for batch, seconds, prefill in r.steps:
                 row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
@@ -175,8 +204,8 @@ class StepQueues:
                 self.early[key] += trainers[0].trained[key]
             seconds = max(r.train_s for r in trainers)
             self.early_train_s += seconds
-            if seconds > 0:
-                rate = trainers[0].trained["tokens"] / (seconds * len(trainers))
+            if seconds > 0:  # prompt and response tokens through forward and backward, per rank
+                rate = self.handed_tokens / (seconds * len(trainers))
                 self.train_per_s = 0.5 * self.train_per_s + 0.5 * rate
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
 
@@ -205,7 +234,7 @@ class StepQueues:
     def hand_to_train(self, ranks: int, seconds: float) -> list[Sample]:
         """The samples of the judged groups the train ranks take this round: about `seconds` of work at
         their measured speed, one group at least, in prompt order."""
-        budget, taken = self.train_per_s * ranks * seconds, []
+        budget, taken, self.handed_tokens = self.train_per_s * ranks * seconds, [], 0
         for p in self.ready_groups():
             group = [self.samples[(p, g)] for g in range(self.group_size)]
             tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in group)
@@ -213,12 +242,9 @@ class StepQueues:
                 break
             budget -= tokens
             taken += group
+            self.handed_tokens += tokens
             self.trained.append(p)
         return taken
-
-    def untrained_samples(self) -> list[Sample]:
-        """The samples the update has still to train on, in (prompt, sample) order."""
-        return [s for key, s in sorted(self.samples.items()) if key[0] not in self.trained]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -232,10 +258,11 @@ class StepQueues:
         return len(self.judged) == self.expected
 
     def timed_round(self) -> Rounds:
-        """A round of `round_steps` engine steps' worth of time, at the median step seen so far, that a
+        """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
+        least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few), that a
         rank whose engine runs empty ends early."""
         step_s = statistics.median(self.step_seconds) if self.step_seconds else 0.002
-        return Rounds(seconds=self.round_steps * step_s, early=True)
+        return Rounds(seconds=max(self.round_steps * step_s, ROUND_OVER_EXCHANGE * self.exchange_s), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, up to each engine's capacity."""
@@ -295,30 +322,29 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
     `clipped` and `tokens`), the shifts, and the seconds this rank spent prefilling migrated
     sequences again."""
     rng = random.Random(f"{seed}/{step}")
-    report, shifts, since = Report(role=context.role), [], time.perf_counter()
+    report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
-    ending = RoundEnd(d.store, step)
+    ending = RoundEnd(d.store, d.world_size, step)
     while True:
-        orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity, time.perf_counter() - since)
+        begin = time.perf_counter()
+        orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity, begin - since)
         if d.rank == 0:
             ending.forget()
+            queues.exchange_s = time.perf_counter() - begin
         ending.next()
         since = time.perf_counter()
         if orders.error:
             raise SystemExit(orders.error)
         if orders.done:
             break
-        exported = []
+        exported, shifted, start = [], [], time.perf_counter()
         if orders.roles != context.roles:
             engine = context.engines.get(context.role)
             if orders.roles[d.rank] != context.role and engine is not None:
                 exported = engine.export()
-            start = time.perf_counter()
-            shifts += context.apply(orders.roles)
-            if queues is not None:  # collective: every rank waits for the slowest shift
-                queues.shift_s += time.perf_counter() - start
+            shifted = context.apply(orders.roles, gather=False)  # records go to rank 0 in the report
         engine = context.engines.get(context.role)
-        report = Report(context.role, exported=exported)
+        report = Report(context.role, exported=exported, shifts=shifted, shift_s=time.perf_counter() - start)
         if orders.train:
             start = time.perf_counter()
             with timeline.busy("train"):
@@ -330,9 +356,12 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             _read(report, finished, batch, rollout, genrm, step)
             (resumed if any(r.generated for r in orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
-    done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early}) if d.rank == 0 else None]
+        elif orders.rounds.seconds is not None:
+            ending.arrive()  # nothing to step: this rank waits at the exchange
+    done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early}, queues.shifts)
+            if d.rank == 0 else None]
     dist.broadcast_object_list(done, src=0, group=d.control)
-    samples, early = done[0]
+    samples, early, shifts = done[0]
     return samples, early, shifts, _extra_seconds(resumed, plain)
 
 
@@ -352,22 +381,28 @@ def _read(report: Report, finished: list[tuple[Request, Completion]], batch: lis
 
 def _work(engine, orders: Orders, role: str, rank: int, timeline,
           ending: RoundEnd) -> tuple[list, list[tuple[int, float, int]]]:
-    """Steps `engine` until the round ends or it runs empty; returns what finished and the steps taken."""
+    """Steps `engine` until the round ends or it runs empty; returns what finished and the steps taken.
+    In a timed round, a rank past its time goes on stepping until every rank is past its own."""
     finished, steps = [], []
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
-    while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps) and \
-            (limit.seconds is None or time.perf_counter() - start < limit.seconds):
-        if limit.early and ending.signalled():
-            break
+    while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps):
+        if limit.seconds is not None:
+            if time.perf_counter() - start >= limit.seconds:
+                ending.arrive()
+            if (ending.arrived or limit.early) and ending.over():
+                break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
             finished += engine.step()
         faults.point(role, rank)
         steps.append((batch, time.perf_counter() - begin, prefill))
         prefill = 0
-    if limit.early and steps and not engine.in_flight():
-        ending.signal()  # this rank is free: the plan may have other work for it
+    if limit.seconds is not None:
+        if limit.early and steps and not engine.in_flight():
+            ending.end_now()  # this rank is free: the plan may have other work for it
+        else:
+            ending.arrive()
     return finished, steps
 
 
