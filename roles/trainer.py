@@ -6,11 +6,14 @@ is PPO's clipped ratio objective against the rollout's sampling logprobs, summed
 token of the step and divided by that token count (token-level normalisation), plus an optional k3 KL
 penalty to a frozen reference policy.
 """
+import types
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
 import faults
@@ -39,12 +42,54 @@ def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return (per_token * mask).sum()
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
-    """log p(token t | tokens < t) for t >= 1, under the sampling temperature; [batch, T-1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+# fp32 logits of at most this many bytes exist at once: a chunk of response positions at a time.
+LOGIT_CHUNK_BYTES = 256 << 20
+
+
+def logit_chunk_positions(vocab: int) -> int:
+    """Response positions whose fp32 logits fit in LOGIT_CHUNK_BYTES."""
+    return max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
+
+
+def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """log p(token t+1 | tokens <= t) at the positions t where `mask` [batch, T-1] is set (those that
+    predict response tokens), under the sampling temperature; [batch, T-1], zero elsewhere.
+
+    The decoder body runs to hidden states, the lm_head sees the masked positions only, and the
+    log-softmax is taken a chunk of positions at a time, each chunk recomputed in backward: the fp32
+    logits of one chunk exist at a time, never those of every position over the whole vocabulary.
+    Under FSDP2 the lm_head and embedding live in the root unit: `PolicyTrainer` registers this function
+    as a forward method of the root, so they are gathered around it."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    rows, cols = mask.nonzero(as_tuple=True)
+    picked, targets = hidden[rows, cols], input_ids[rows, cols + 1]
+    head = output_head(model)
+    step = logit_chunk_positions(head.weight.shape[0])
+    # At least one chunk, empty or not: the lm_head then has a gradient on every rank, as FSDP's
+    # reduce-scatter of the root unit needs.
+    flat = torch.cat([checkpoint(_chunk_logprobs, head, picked[i:i + step], targets[i:i + step], temperature,
+                                 use_reentrant=False) for i in range(0, max(len(targets), 1), step)])
+    return flat.new_zeros(mask.shape).index_put((rows, cols), flat)
+
+
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    # vLLM's sampler takes its logprobs as log_softmax(logits, dtype=float32) (compute_logprobs in
+    # vllm/v1/sample/sampler.py); the same formula rounds the same way, so on CPU the ratio to the
+    # sampling logprobs starts at 1 to the last bit.
+    logits = head(hidden).float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def output_head(model) -> torch.nn.Linear:
+    """The lm_head, applied here as a plain linear map (tied or not): models that scale or cap the logits
+    after it would be scored wrong, so they are refused."""
+    config = model.config.get_text_config()
+    for knob in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, knob, None) not in (None, 1.0):
+            raise ValueError(f"{type(model).__name__} sets {knob}: roles/trainer.response_logprobs applies the "
+                             f"lm_head alone; add the {knob} step there before training this model")
+    return model.get_output_embeddings()
 
 
 def pack(samples, device) -> dict[str, torch.Tensor]:
@@ -111,6 +156,8 @@ class PolicyTrainer:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
+        model.response_logprobs = types.MethodType(response_logprobs, model)
+        register_fsdp_forward_method(model, "response_logprobs")
         model.to_empty(device=self.device)
         self._fill(model, field)
         return model
@@ -211,16 +258,20 @@ class PolicyTrainer:
             stats["tokens"] += total_tokens
         return stats
 
+    def logprobs(self, model, batch: dict) -> torch.Tensor:
+        """Logprobs of `batch`'s response tokens under `model` (the policy or the reference)."""
+        return model.response_logprobs(batch["input_ids"], batch["attention_mask"], batch["mask"],
+                                       self.temperature)
+
     def _micro_step(self, chunk, real: bool):
         """Loss sum and clipped-token count of `chunk`; a stand-in chunk (real=False) counts nothing."""
         batch = pack(chunk, self.device)
         mask = batch["mask"] if real else torch.zeros_like(batch["mask"])
-        logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"], self.temperature)
+        logp = self.logprobs(self.model, batch)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.reference, batch["input_ids"], batch["attention_mask"],
-                                     self.temperature)
+                ref = self.logprobs(self.reference, batch)
         advantages = torch.tensor([s.advantage for s in chunk], device=self.device, dtype=logp.dtype)
         loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef)
         with torch.no_grad():
