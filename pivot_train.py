@@ -88,6 +88,11 @@ def parse_args(argv=None):
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 skips it")
     p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
     p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
+    p.add_argument("--micro-batch-tokens", type=int, default=0,
+                   help="also cap a forward pass at this many prompt+response tokens, padded to its longest "
+                        "sample (a longer sample goes alone); 0: --micro-batch alone")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="keep only each decoder layer's input for backward and recompute the layer there")
     # placement
     p.add_argument("--placement", choices=["colocated", "disaggregated", "pivot"], default="colocated",
                    help="colocated: every rank rolls out, then judges, then trains; disaggregated: a fixed "
@@ -125,7 +130,7 @@ def check_config(args) -> str:
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
     for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
                       ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
-                      ("max_seqs", 1), ("checkpoint_every", 0)):
+                      ("max_seqs", 1), ("checkpoint_every", 0), ("micro_batch_tokens", 0)):
         if getattr(args, flag) < low:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
@@ -276,7 +281,8 @@ def main(argv=None):
     if resume:
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
-                 kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
+                 kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
+                 micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper))

@@ -10,6 +10,7 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
@@ -110,6 +111,23 @@ def pack(samples, device) -> dict[str, torch.Tensor]:
             dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old).items()}
 
 
+def micro_batches(samples: list, max_samples: int, max_tokens: int = 0) -> list[list]:
+    """`samples` in order, cut into micro-batches of at most `max_samples` and, when `max_tokens` is set,
+    at most `max_tokens` prompt+response tokens once padded to the micro-batch's longest (what a forward
+    pass holds); a sample longer than `max_tokens` is a micro-batch of its own."""
+    batches, longest = [], 0
+    for s in samples:
+        length = len(s.prompt_ids) + len(s.response_ids)
+        size = len(batches[-1]) + 1 if batches else 1
+        if batches and size <= max_samples and (not max_tokens or size * max(longest, length) <= max_tokens):
+            batches[-1].append(s)
+            longest = max(longest, length)
+        else:
+            batches.append([s])
+            longest = length
+    return batches
+
+
 def decoder_layers(model) -> torch.nn.ModuleList:
     """The decoder layers FSDP2 shards one by one (a MoE layer with its experts): `model.model.layers` in
     every causal LM tested here (Qwen2, Llama, Qwen3, Qwen3-MoE)."""
@@ -131,14 +149,17 @@ class PolicyTrainer:
 
     def __init__(self, state: TrainState, group: dist.ProcessGroup, device: torch.device, *, lr: float,
                  weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
-                 temperature: float, micro_batch: int):
+                 temperature: float, micro_batch: int, micro_batch_tokens: int = 0,
+                 activation_checkpointing: bool = False):
         self.state, self.group, self.device = state, group, device
         self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
-        self.grad_clip, self.micro_batch = grad_clip, micro_batch
+        self.grad_clip, self.micro_batch, self.micro_batch_tokens = grad_clip, micro_batch, micro_batch_tokens
+        self.activation_checkpointing = activation_checkpointing
         mesh = DeviceMesh.from_group(group, device.type)
         mp = MixedPrecisionPolicy(param_dtype=inference_dtype(device), reduce_dtype=torch.float32)
-        self.model = self._sharded(mesh, mp, "master")
-        self.reference = self._sharded(mesh, mp, "reference").requires_grad_(False) if kl_coef > 0 else None
+        self.model = self._sharded(mesh, mp, "master", activation_checkpointing)
+        self.reference = (self._sharded(mesh, mp, "reference", False).requires_grad_(False) if kl_coef > 0
+                          else None)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99),
                                            weight_decay=weight_decay)
         self._load_optimizer()
@@ -149,11 +170,16 @@ class PolicyTrainer:
         assert p.to_local().shape[0] == stop - first, "FSDP2 no longer shards like torch.chunk"
         return first
 
-    def _sharded(self, mesh, mp, field: str):
-        """An FSDP2 module built on the meta device, then filled with this rank's rows of `field`."""
+    def _sharded(self, mesh, mp, field: str, activation_checkpointing: bool):
+        """An FSDP2 module built on the meta device, then filled with this rank's rows of `field`. With
+        activation checkpointing each decoder layer keeps only its input for backward and runs again
+        there, inside its FSDP unit (applied before fully_shard, as torchtitan's apply_ac does; the
+        composable form keeps parameter names, which storage is keyed by)."""
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.state.config, dtype=torch.float32)
         for layer in decoder_layers(model):
+            if activation_checkpointing:
+                checkpoint_activations(layer)
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         model.response_logprobs = types.MethodType(response_logprobs, model)
@@ -235,13 +261,14 @@ class PolicyTrainer:
         self.model.train()
         for mb in minibatches:
             total_tokens = sum(len(s.response_ids) for s in mb)
-            mine = mb[rank::world]
-            # Every rank runs the same number of micro-steps: FSDP's collectives must pair up.
-            micro_steps = -(-len(mb[0::world]) // self.micro_batch)
+            # Every rank runs the same number of micro-steps: FSDP's collectives must pair up. Each rank
+            # holds the whole minibatch, so each knows every rank's share without asking.
+            shares = [micro_batches(mb[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
+            mine, micro_steps = shares[rank], max(len(share) for share in shares)
             self.optimizer.zero_grad(set_to_none=True)
             sums = torch.zeros(2)
             for i in range(micro_steps):
-                chunk = mine[i * self.micro_batch:(i + 1) * self.micro_batch]
+                chunk = mine[i] if i < len(mine) else []
                 loss, clipped = self._micro_step(chunk or mb[:1], real=bool(chunk))
                 # FSDP averages gradients over the group; this scale makes them token-level means.
                 (loss * world / max(total_tokens, 1)).backward()

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from roles.trainer import grpo_advantages, grpo_loss_sum, pack
+from roles.trainer import grpo_advantages, grpo_loss_sum, micro_batches, pack
 from roles.rollout import Sample
 
 
@@ -70,3 +70,27 @@ def test_pack_aligns_response_tokens_with_their_logprobs():
     # position t of the outputs predicts token t+1
     assert batch["mask"].tolist() == [[0, 0, 1, 1], [1, 0, 0, 0]]
     assert torch.allclose(batch["old_logp"], torch.tensor([[0, 0, -0.1, -0.2], [-0.3, 0, 0, 0]]))
+
+
+def sample_of(prompt: int, response: int) -> Sample:
+    return Sample(0, 0, [5] * prompt, [6] * response, [-0.1] * response, "stop")
+
+
+def test_micro_batches_by_count():
+    samples = [sample_of(2, 2) for _ in range(7)]
+    assert [len(b) for b in micro_batches(samples, 3)] == [3, 3, 1]
+    assert [s for b in micro_batches(samples, 3) for s in b] == samples  # in order, each once
+
+
+def test_micro_batches_by_padded_tokens():
+    # lengths 4, 6, 3, 10, 12, 2, 2: a budget of 12 tokens counts each micro-batch padded to its longest
+    lengths = [(2, 2), (3, 3), (1, 2), (4, 6), (6, 6), (1, 1), (1, 1)]
+    samples = [sample_of(p, r) for p, r in lengths]
+    batches = micro_batches(samples, 32, max_tokens=12)
+    # [4, 6]: 2 x 6 = 12 fits; + 3 would make 3 x 6 = 18. [3]; + 10 would be 2 x 10 = 20. [10] alone;
+    # [12] alone (exactly the budget); [2, 2]: 2 x 2 = 4.
+    assert [[len(s.prompt_ids) + len(s.response_ids) for s in b] for b in batches] == [[4, 6], [3], [10], [12], [2, 2]]
+    # a sample longer than the budget is a micro-batch of its own, never dropped or split
+    assert [len(b) for b in micro_batches([sample_of(2, 2), sample_of(20, 20), sample_of(2, 2)], 32, 12)] == [1, 1, 1]
+    # both bounds apply
+    assert [len(b) for b in micro_batches(samples[5:] * 3, 2, max_tokens=100)] == [2, 2, 2]

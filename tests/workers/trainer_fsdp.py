@@ -2,6 +2,8 @@
 
     trainer_fsdp.py OUT logprobs MODEL_DIR...   each model's response logprobs under FSDP2 vs the full
                                                 vocabulary computation on the unsharded model
+    trainer_fsdp.py OUT micro-batching POLICY   one GRPO step (and one of two minibatches) under several
+                                                micro-batchings, token budgets and activation checkpointing
 Writes OUT/rank{R}.json."""
 import json
 import random
@@ -11,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from roles.rollout import Sample
-from roles.trainer import PolicyTrainer, pack
+from roles.trainer import PolicyTrainer, decoder_layers, micro_batches, pack
 from runtime import init_distributed, shutdown_distributed
 from storage import TrainState
 
@@ -53,10 +55,73 @@ def logprob_gaps(d, model_dirs: list[str]) -> dict:
     return gaps
 
 
+MICRO_BATCHINGS = {
+    "micro-batch 32": dict(micro_batch=32),
+    "micro-batch 3": dict(micro_batch=3),
+    "budget 120 tokens": dict(micro_batch=32, micro_batch_tokens=120),
+    "budget 120 tokens, checkpointed": dict(micro_batch=32, micro_batch_tokens=120, activation_checkpointing=True),
+    "budget 30 tokens, checkpointed": dict(micro_batch=32, micro_batch_tokens=30, activation_checkpointing=True),
+    "micro-batch 3, checkpointed": dict(micro_batch=3, activation_checkpointing=True),
+}
+
+
+def scored_samples(policy: str) -> list[Sample]:
+    """22 samples, the same on every rank, whose sampling logprobs are the policy's own shifted by up to
+    0.3 nats (so some ratios fall outside the clip range), with advantages of both signs."""
+    plain = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    samples = synthetic_samples(plain.config.vocab_size, 22, seed=7)
+    batch = pack(samples, torch.device("cpu"))
+    with torch.no_grad():
+        logp = full_vocabulary_logprobs(plain, batch, 1.0)
+    g = torch.Generator().manual_seed(8)
+    for i, s in enumerate(samples):
+        p = len(s.prompt_ids)
+        noise = (torch.rand(len(s.response_ids), generator=g) - 0.5) * 0.6
+        s.logprobs = (logp[i, p - 1:p - 1 + len(s.response_ids)] + noise).tolist()
+        s.advantage = torch.randn(1, generator=g).item()
+    return samples
+
+
+def micro_batching(d, args: list[str]) -> dict:
+    """Per micro-batching: the step's loss and gradient norm, the weights' distance to the first
+    micro-batching's (relative), how far the step moved them, and how often layer 0 ran forward."""
+    policy, = args
+    samples = scored_samples(policy)
+    state = TrainState(d, policy, keep_reference=False)
+    initial = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(policy).named_parameters()}
+    first, result = {}, {}
+    for minibatches in (1, 2):
+        for name, config in MICRO_BATCHINGS.items():
+            trainer = PolicyTrainer(state, d.tensors, d.device, temperature=1.0, **HYPER, **config)
+            calls = [0]
+            # a pre-hook: a recomputation stops once it has what backward needs, before forward hooks
+            decoder_layers(trainer.model)[0].register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+            half = len(samples) // minibatches
+            split = [samples[i:i + half] for i in range(0, len(samples), half)]
+            stats = trainer.train_step(split)
+            weights = dict(trainer.full_weights())
+            first.setdefault(minibatches, weights)
+            reference = first[minibatches]
+            result[f"{minibatches} minibatches, {name}"] = {
+                **stats, "layer0_forwards": calls[0],
+                "micro_steps": [[len(micro_batches(mb[r::d.world_size], config["micro_batch"],
+                                                   config.get("micro_batch_tokens", 0))) for r in range(d.world_size)]
+                                for mb in split],
+                "weight_gap": relative(weights, reference), "moved": relative(weights, initial)}
+            trainer.close()
+    state.close()
+    return result
+
+
+def relative(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over every tensor of the two state dicts."""
+    return (sum((a[n] - b[n]).norm() ** 2 for n in b) / sum(b[n].norm() ** 2 for n in b)).sqrt().item()
+
+
 if __name__ == "__main__":
     out, what, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     d = init_distributed()
-    result = {"logprobs": logprob_gaps}[what](d, rest)
+    result = {"logprobs": logprob_gaps, "micro-batching": micro_batching}[what](d, rest)
     with open(f"{out}/rank{d.rank}.json", "w") as f:
         json.dump(result, f)
     shutdown_distributed(d)
