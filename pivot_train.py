@@ -6,6 +6,22 @@ uses group-normalised advantages and the clipped ratio objective against the sam
 new weights are published to the Global Parameter Storage and every rollout engine loads them before
 the next step. Synchronous and on-policy: step k's samples come from step k's weights.
 
+Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
+  - token-level normalisation: the loss is summed over every response token of a minibatch and divided
+    by their count, not averaged per response and then over responses (long responses weigh more);
+  - the ratio is taken against the engine's sampling logprobs (vLLM's, at the sampling temperature),
+    not against logprobs the trainer recomputes; `logprob_gap_mean`/`_max` in the metrics say how far
+    apart the two are;
+  - no KL term by default (--kl-coef 0); with one, the k3 estimator to the initial policy per token;
+  - the log-ratio is clamped to [-20, 20] before exp (as verl does);
+  - dual clip: with a negative advantage A a token's loss is at most -C*A (--clip-ratio-c 3; 0: off);
+  - advantages (r - mean) / (std + 1e-6) per group, unbiased std; a group of equal rewards adds nothing;
+  - AdamW (--adam-betas 0.9,0.99), gradient norm clipped to --grad-clip; an optimizer step whose
+    gradient norm is not finite is skipped (counted as `skipped_updates`), and --max-bad-steps of them
+    in a row stop the run;
+  - with --minibatches N > 1, minibatches after the first are trained on by weights that did not
+    sample them (the clipped ratio bounds how far they move).
+
 On CPU, the built-in task (the defaults):
     torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
 Across GPU nodes, on each node:
@@ -85,8 +101,14 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--clip-ratio-c", type=float, default=3.0,
+                   help="dual clip: with a negative advantage A the token loss is at most -C*A (verl's "
+                        "clip_ratio_c); 0 turns it off")
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 skips it")
     p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
+    p.add_argument("--adam-betas", default="0.9,0.99", help="AdamW's beta1,beta2")
+    p.add_argument("--max-bad-steps", type=int, default=3,
+                   help="stop after this many optimizer steps in a row skipped for a non-finite gradient norm")
     p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
     p.add_argument("--micro-batch-tokens", type=int, default=0,
                    help="also cap a forward pass at this many prompt+response tokens, padded to its longest "
@@ -130,10 +152,13 @@ def check_config(args) -> str:
             sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
     for flag, low in (("group_size", 2), ("prompts_per_step", 1), ("steps", 0), ("eval_every", 1),
                       ("minibatches", 1), ("micro_batch", 1), ("max_response_tokens", 1), ("kv_cache_mb", 1),
-                      ("max_seqs", 1), ("checkpoint_every", 0), ("micro_batch_tokens", 0)):
+                      ("max_seqs", 1), ("checkpoint_every", 0), ("micro_batch_tokens", 0), ("max_bad_steps", 1)):
         if getattr(args, flag) < low:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
+    if args.clip_ratio_c != 0 and args.clip_ratio_c <= 1:
+        sys.exit(f"--clip-ratio-c {args.clip_ratio_c}: the dual clip's bound must be above 1 (verl uses 3), or 0 for none")
+    adam_betas(args.adam_betas)
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
     if args.dry_run != (args.world_size is not None):
@@ -164,6 +189,16 @@ def check_config(args) -> str:
         except ValueError as e:
             sys.exit(str(e))
     return template
+
+
+def adam_betas(text: str) -> tuple[float, float]:
+    try:
+        betas = tuple(float(b) for b in text.split(","))
+    except ValueError:
+        betas = ()
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        sys.exit(f"--adam-betas {text}: pass two numbers in [0, 1) separated by a comma, e.g. 0.9,0.99")
+    return betas
 
 
 def load_tokenizer(args, flag: str):
@@ -282,7 +317,8 @@ def main(argv=None):
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
-                 micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing)
+                 micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
+                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas))
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper))
@@ -290,6 +326,7 @@ def main(argv=None):
     board = tensorboard_writer(d, out)
 
     context.apply(placement.start_roles())  # the engines load the stored version (a resumed run's weights)
+    skipped_in_row = 0
     for step in range(start, args.steps + 1):
         record = {"step": step}
         if step % args.eval_every == 0 or step == args.steps:
@@ -303,7 +340,7 @@ def main(argv=None):
                                                                 placement.plan, step, timeline, args)
         shifts = generation.pop("shifts") + timeline.apply(step, context, placement.train_roles())
         with timeline.busy(step, "train") if context.trainer else nullcontext():
-            stats = train_step(context, samples, args)
+            stats = train_step(context, samples, args, skipped_in_row)
             publish_weights(context.trainer, storage, version=step + 1)
         shifts += timeline.apply(step, context, placement.start_roles())  # the rollout engines load the new version
         placement.learn(samples, shifts)
@@ -312,6 +349,7 @@ def main(argv=None):
         record.update(timeline.close_step(step))
         log_step(d, out, record, board)
         log_samples(d, out, step, samples)
+        skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
             checkpoint.save(d, out, step + 1, train_state, context, placement.state())
 
@@ -344,7 +382,7 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, plan, step
                      **counts[0][2]}, counts[0][0]
 
 
-def train_step(context, samples: list[Sample], args) -> dict:
+def train_step(context, samples: list[Sample], args, skipped_in_row: int) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics."""
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
@@ -352,10 +390,20 @@ def train_step(context, samples: list[Sample], args) -> dict:
     per = -(-len(samples) // args.minibatches)
     stats = None
     if context.trainer is not None:
-        stats = context.trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)])
+        stats = context.trainer.train_step([samples[i:i + per] for i in range(0, len(samples), per)], skipped_in_row)
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
     return next(s for s in everyone if s is not None)
+
+
+def check_skipped_updates(step: int, stats: dict, args) -> int:
+    """Optimizer steps skipped in a row for a non-finite gradient norm, up to this step's; the run stops
+    at --max-bad-steps (on every rank: each holds the same statistics)."""
+    if stats["skipped_in_row"] >= args.max_bad_steps:
+        raise SystemExit(f"step {step}: {stats['skipped_in_row']} optimizer steps in a row skipped for a non-finite "
+                         f"gradient norm (--max-bad-steps {args.max_bad_steps}); the weights are those from before the "
+                         f"first of them: lower --lr, or read the step's samples in samples.jsonl")
+    return stats["skipped_in_row"]
 
 
 def publish_weights(trainer: PolicyTrainer | None, storage: ParameterStorage, version: int):

@@ -4,7 +4,9 @@ GRPO, per group of G responses to one prompt: advantage_i = (r_i - mean(r)) / (s
 for every token of response i (a group of equal rewards gives zero advantages and no gradient). The loss
 is PPO's clipped ratio objective against the rollout's sampling logprobs, summed over every response
 token of the step and divided by that token count (token-level normalisation), plus an optional k3 KL
-penalty to a frozen reference policy.
+penalty to a frozen reference policy. As in verl, the log-ratio is clamped before exp and a dual clip
+bounds the loss of tokens with a negative advantage; an optimizer step whose gradient norm is not
+finite is skipped.
 """
 import types
 
@@ -29,14 +31,26 @@ def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
+# The log-ratio's bound before exp, verl's (compute_policy_loss in verl/trainer/ppo/core_algos.py).
+LOG_RATIO_BOUND = 20.0
+
+
 def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+                  clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+                  clip_ratio_c: float = 0.0) -> torch.Tensor:
     """Sum over masked tokens of the per-token GRPO loss; the caller divides by the token count.
 
-    logp, old_logp, mask, ref_logp: [batch, T]; advantages: [batch] (broadcast over tokens)."""
+    logp, old_logp, mask, ref_logp: [batch, T]; advantages: [batch] (broadcast over tokens).
+    `clip_ratio_c` > 1 turns on the dual clip for negative advantages; 0 leaves it off."""
     adv = advantages[:, None]
-    ratio = torch.exp(logp - old_logp)
+    # Clamped as verl's compute_policy_loss does: an unbounded ratio overflows to inf, and where the
+    # clipped term wins the unclipped one's gradient is then 0 * inf = NaN.
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    if clip_ratio_c:
+        # Dual clip (Ye et al. 2020, arXiv:1912.09729; verl's clip_ratio_c): with a negative advantage the
+        # loss is at most -clip_ratio_c * A, so a token whose ratio has run far past 1 stops pulling.
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -clip_ratio_c * adv), per_token)
     if ref_logp is not None and kl_coef > 0:
         delta = ref_logp - logp
         per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1)
@@ -150,9 +164,10 @@ class PolicyTrainer:
     def __init__(self, state: TrainState, group: dist.ProcessGroup, device: torch.device, *, lr: float,
                  weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
                  temperature: float, micro_batch: int, micro_batch_tokens: int = 0,
-                 activation_checkpointing: bool = False):
+                 activation_checkpointing: bool = False, clip_ratio_c: float = 3.0,
+                 adam_betas: tuple[float, float] = (0.9, 0.99)):
         self.state, self.group, self.device = state, group, device
-        self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
+        self.clip_eps, self.clip_ratio_c, self.kl_coef, self.temperature = clip_eps, clip_ratio_c, kl_coef, temperature
         self.grad_clip, self.micro_batch, self.micro_batch_tokens = grad_clip, micro_batch, micro_batch_tokens
         self.activation_checkpointing = activation_checkpointing
         mesh = DeviceMesh.from_group(group, device.type)
@@ -160,7 +175,7 @@ class PolicyTrainer:
         self.model = self._sharded(mesh, mp, "master", activation_checkpointing)
         self.reference = (self._sharded(mesh, mp, "reference", False).requires_grad_(False) if kl_coef > 0
                           else None)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99),
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=adam_betas,
                                            weight_decay=weight_decay)
         self._load_optimizer()
 
@@ -253,11 +268,15 @@ class PolicyTrainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def train_step(self, minibatches: list[list]) -> dict:
+    def train_step(self, minibatches: list[list], skipped_in_row: int = 0) -> dict:
         """One optimizer step per minibatch. Every train rank is handed the same global minibatches
-        (samples carrying `.advantage`) and works on its strided share of each."""
+        (samples carrying `.advantage`) and works on its strided share of each.
+
+        A minibatch whose gradient norm is not finite takes no step: its gradients are dropped, the
+        weights and AdamW's moments and step count stay as they were. `skipped_in_row` (updates skipped
+        in a row before this step) continues into the returned `skipped_in_row`."""
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0}
+        stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
         for mb in minibatches:
             total_tokens = sum(len(s.response_ids) for s in mb)
@@ -277,12 +296,20 @@ class PolicyTrainer:
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             faults.point("train", dist.get_rank())
-            self.optimizer.step()
+            if torch.isfinite(grad_norm):
+                self.optimizer.step()
+                skipped_in_row = 0
+            else:
+                # Stepping would write the NaN or inf into every weight and moment it reaches.
+                self.optimizer.zero_grad(set_to_none=True)
+                stats["skipped_updates"] += 1
+                skipped_in_row += 1
             dist.all_reduce(sums, group=self.group)
             stats["loss"] += sums[0].item() / max(total_tokens, 1) / len(minibatches)
             stats["clip_frac"] += sums[1].item() / max(total_tokens, 1) / len(minibatches)
             stats["grad_norm"] += grad_norm.item() / len(minibatches)
             stats["tokens"] += total_tokens
+        stats["skipped_in_row"] = skipped_in_row
         return stats
 
     def logprobs(self, model, batch: dict) -> torch.Tensor:
@@ -300,7 +327,8 @@ class PolicyTrainer:
             with torch.no_grad():
                 ref = self.logprobs(self.reference, batch)
         advantages = torch.tensor([s.advantage for s in chunk], device=self.device, dtype=logp.dtype)
-        loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef)
+        loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef,
+                             self.clip_ratio_c)
         with torch.no_grad():
             ratio = torch.exp(logp - batch["old_logp"])
             clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum().item()

@@ -59,3 +59,19 @@ def test_micro_batching_budgets_and_checkpointing_leave_the_update_unchanged(tmp
                 assert mine[config]["weight_gap"] == mine[config + ", checkpointed"]["weight_gap"]
         # the ranks' shares of the first minibatch pack into 4 and 3 micro-batches: one rank runs a stand-in
         assert runs["1 minibatches, budget 120 tokens"]["micro_steps"] == [[4, 3]]
+
+
+def test_betas_and_steps_skipped_for_a_non_finite_gradient(tmp_path):
+    torchrun(ROOT / "tests/workers/trainer_fsdp.py", tmp_path, "safeguards", POLICY)
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["first"] == {"skipped_updates": 0, "skipped_in_row": 0} and r["steps_before"] == 1
+        assert r["betas_gap"] < 1e-9  # the moments follow --adam-betas 0.5,0.6
+        nan_1, nan_2, good = r["runs"]
+        for run, in_row in ((nan_1, 1), (nan_2, 2)):
+            assert run["skipped_updates"] == 1 and run["skipped_in_row"] == in_row
+            assert not run["grad_norm_finite"] and run["grads_dropped"]
+            # weights and both moments bit for bit as before, and no optimizer step counted
+            assert run["unchanged"] and run["steps"] == 1
+        assert good["skipped_updates"] == 0 and good["skipped_in_row"] == 0
+        assert not good["unchanged"] and good["steps"] == 2

@@ -4,8 +4,11 @@
                                                 vocabulary computation on the unsharded model
     trainer_fsdp.py OUT micro-batching POLICY   one GRPO step (and one of two minibatches) under several
                                                 micro-batchings, token budgets and activation checkpointing
+    trainer_fsdp.py OUT safeguards POLICY       AdamW's betas, and steps skipped for a non-finite gradient
 Writes OUT/rank{R}.json."""
+import dataclasses
 import json
+import math
 import random
 import sys
 
@@ -113,6 +116,43 @@ def micro_batching(d, args: list[str]) -> dict:
     return result
 
 
+def safeguards(d, args: list[str]) -> dict:
+    """A good step with betas (0.5, 0.6), then two steps whose gradient is NaN (a sample with a NaN
+    advantage), then a good one: what the moments were after the first, and what each skipped
+    step left of the weights, moments and step count."""
+    policy, = args
+    samples = scored_samples(policy)
+    poisoned = [*samples[:-1], dataclasses.replace(samples[-1], advantage=float("nan"))]
+    state = TrainState(d, policy, keep_reference=False)
+    trainer = PolicyTrainer(state, d.tensors, d.device, temperature=1.0, micro_batch=4, adam_betas=(0.5, 0.6),
+                            **HYPER)
+    first = trainer.train_step([samples])
+    params = list(trainer.model.parameters())
+    moments = [trainer.optimizer.state[p] for p in params]
+    # AdamW's first step from zero moments: exp_avg = (1 - beta1) g, exp_avg_sq = (1 - beta2) g^2
+    betas = max(max((m["exp_avg"].to_local() - 0.5 * p.grad.to_local()).abs().max().item(),
+                    (m["exp_avg_sq"].to_local() - 0.4 * p.grad.to_local() ** 2).abs().max().item())
+                for p, m in zip(params, moments))
+
+    def snapshot():
+        return [t.to_local().clone() for p, m in zip(params, moments) for t in (p, m["exp_avg"], m["exp_avg_sq"])]
+
+    before, steps, runs = snapshot(), trainer.steps, []
+    in_row = first["skipped_in_row"]
+    for batch in (poisoned, poisoned, samples):
+        stats = trainer.train_step([batch], in_row)
+        in_row = stats["skipped_in_row"]
+        after = snapshot()
+        runs.append({"skipped_updates": stats["skipped_updates"], "skipped_in_row": in_row,
+                     "grad_norm_finite": math.isfinite(stats["grad_norm"]), "steps": trainer.steps,
+                     "unchanged": all(torch.equal(a, b) for a, b in zip(before, after)),
+                     "grads_dropped": all(p.grad is None for p in params)})
+    trainer.close()
+    state.close()
+    return {"first": {k: first[k] for k in ("skipped_updates", "skipped_in_row")}, "betas_gap": betas,
+            "steps_before": steps, "runs": runs}
+
+
 def relative(a: dict, b: dict) -> float:
     """||a - b|| / ||b|| over every tensor of the two state dicts."""
     return (sum((a[n] - b[n]).norm() ** 2 for n in b) / sum(b[n].norm() ** 2 for n in b)).sqrt().item()
@@ -121,7 +161,7 @@ def relative(a: dict, b: dict) -> float:
 if __name__ == "__main__":
     out, what, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     d = init_distributed()
-    result = {"logprobs": logprob_gaps, "micro-batching": micro_batching}[what](d, rest)
+    result = {"logprobs": logprob_gaps, "micro-batching": micro_batching, "safeguards": safeguards}[what](d, rest)
     with open(f"{out}/rank{d.rank}.json", "w") as f:
         json.dump(result, f)
     shutdown_distributed(d)
