@@ -274,21 +274,24 @@ class PolicyTrainer:
 
         A minibatch whose gradient norm is not finite takes no step: its gradients are dropped, the
         weights and AdamW's moments and step count stay as they were. `skipped_in_row` (updates skipped
-        in a row before this step) continues into the returned `skipped_in_row`."""
+        in a row before this step) continues into the returned `skipped_in_row`. The logprob gap (to
+        the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
-        for mb in minibatches:
+        for index, mb in enumerate(minibatches):
             total_tokens = sum(len(s.response_ids) for s in mb)
             # Every rank runs the same number of micro-steps: FSDP's collectives must pair up. Each rank
             # holds the whole minibatch, so each knows every rank's share without asking.
             shares = [micro_batches(mb[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
             mine, micro_steps = shares[rank], max(len(share) for share in shares)
+            gap_sum, gap_max = 0.0, 0.0
             self.optimizer.zero_grad(set_to_none=True)
             sums = torch.zeros(2)
             for i in range(micro_steps):
                 chunk = mine[i] if i < len(mine) else []
-                loss, clipped = self._micro_step(chunk or mb[:1], real=bool(chunk))
+                loss, clipped, gap = self._micro_step(chunk or mb[:1], real=bool(chunk))
+                gap_sum, gap_max = gap_sum + gap[0], max(gap_max, gap[1])
                 # FSDP averages gradients over the group; this scale makes them token-level means.
                 (loss * world / max(total_tokens, 1)).backward()
                 sums += torch.tensor([loss.item(), clipped])
@@ -304,6 +307,8 @@ class PolicyTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 stats["skipped_updates"] += 1
                 skipped_in_row += 1
+            if index == 0:
+                stats.update(self._logprob_gap(gap_sum, gap_max, total_tokens))
             dist.all_reduce(sums, group=self.group)
             stats["loss"] += sums[0].item() / max(total_tokens, 1) / len(minibatches)
             stats["clip_frac"] += sums[1].item() / max(total_tokens, 1) / len(minibatches)
@@ -312,13 +317,22 @@ class PolicyTrainer:
         stats["skipped_in_row"] = skipped_in_row
         return stats
 
+    def _logprob_gap(self, gap_sum: float, gap_max: float, tokens: int) -> dict:
+        """Mean and max over the group of |trainer logprob - sampling logprob| per response token."""
+        total = torch.tensor([gap_sum], device=self.device)
+        largest = torch.tensor([gap_max], device=self.device)
+        dist.all_reduce(total, group=self.group)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
+        return {"logprob_gap_mean": total.item() / max(tokens, 1), "logprob_gap_max": largest.item()}
+
     def logprobs(self, model, batch: dict) -> torch.Tensor:
         """Logprobs of `batch`'s response tokens under `model` (the policy or the reference)."""
         return model.response_logprobs(batch["input_ids"], batch["attention_mask"], batch["mask"],
                                        self.temperature)
 
     def _micro_step(self, chunk, real: bool):
-        """Loss sum and clipped-token count of `chunk`; a stand-in chunk (real=False) counts nothing."""
+        """Loss sum, clipped-token count and (sum, max) of the logprob gap to the sampling logprobs over
+        the response tokens of `chunk`; a stand-in chunk (real=False) counts nothing."""
         batch = pack(chunk, self.device)
         mask = batch["mask"] if real else torch.zeros_like(batch["mask"])
         logp = self.logprobs(self.model, batch)
@@ -332,4 +346,5 @@ class PolicyTrainer:
         with torch.no_grad():
             ratio = torch.exp(logp - batch["old_logp"])
             clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum().item()
-        return loss, clipped
+            gap = (logp - batch["old_logp"]).abs() * mask
+        return loss, clipped, (gap.sum().item(), gap.max().item())
