@@ -157,7 +157,8 @@ def check_config(args) -> str:
             sys.exit(f"--{flag.replace('_', '-')} must be at least {low} (GRPO compares a group's responses)"
                      if flag == "group_size" else f"--{flag.replace('_', '-')} must be at least {low}")
     if args.clip_ratio_c != 0 and args.clip_ratio_c <= 1:
-        sys.exit(f"--clip-ratio-c {args.clip_ratio_c}: the dual clip's bound must be above 1 (verl uses 3), or 0 for none")
+        sys.exit(f"--clip-ratio-c {args.clip_ratio_c}: the dual clip's bound must be above 1 (verl uses 3), "
+                 f"or 0 for none")
     adam_betas(args.adam_betas)
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")

@@ -90,8 +90,8 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     # vLLM's sampler takes its logprobs as log_softmax(logits, dtype=float32) (compute_logprobs in
-    # vllm/v1/sample/sampler.py); the same formula rounds the same way, so on CPU the ratio to the
-    # sampling logprobs starts at 1 to the last bit.
+    # vllm/v1/sample/sampler.py): the same formula here, so the two differ only by the rounding of
+    # the kernels before it (logsumexp would add its own).
     logits = head(hidden).float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 
@@ -108,7 +108,7 @@ def output_head(model) -> torch.nn.Linear:
 
 
 def pack(samples, device) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response ids; masks and old logprobs aligned with token_logprobs' output."""
+    """Right-padded prompt+response ids; masks and old logprobs aligned with response_logprobs' output."""
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     T = max(lengths)
     ids = torch.zeros(len(samples), T, dtype=torch.long)
