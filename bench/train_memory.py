@@ -109,21 +109,33 @@ def measure(name: str, model_dir: str, prompt: int, response: int, micro_batch: 
         trainer = cls(state, d.tensors, d.device, micro_batch=micro_batch,
                       activation_checkpointing=config["activation_checkpointing"], **HYPER)
         with record_function("train_step"):
-            stats = trainer.train_step([samples])
+            trainer.train_step([samples])
     timeline, (start, end) = live_bytes(prof)
-    before = max((live for t, live in timeline if t < start), default=0)
-    at_start = [live for t, live in timeline if t < start][-1]
-    peak = max(live for t, live in timeline if start <= t <= end)
     params = list(trainer.model.parameters())
     weights = sum(p.to_local().numel() * p.element_size() for p in params)
     grads = sum(p.grad.to_local().numel() * p.grad.element_size() for p in params)
-    moments = sum(trainer.optimizer.state[p][k].to_local().numel() * 4 for p in params for k in ("exp_avg", "exp_avg_sq"))
+    moments = sum(trainer.optimizer.state[p][k].to_local().numel() * 4
+                  for p in params for k in ("exp_avg", "exp_avg_sq"))
+    peak = max(live for t, live in timeline if start <= t <= end)
     trainer.close()
     state.close()
     shutdown_distributed(d)
-    return {"config": name, "peak_bytes": peak, "live_at_step_start_bytes": at_start, "build_peak_bytes": before,
+    return {"config": name, "peak_bytes": peak, "at_step_start_bytes": [live for t, live in timeline if t < start][-1],
             "weights_bytes": weights, "grads_bytes": grads, "moments_bytes": moments,
-            "beyond_state_bytes": peak - weights - grads - moments, "loss": stats["loss"]}
+            "beyond_state_bytes": peak - weights - grads - moments}
+
+
+def dry_run_bytes(model_dir: str, prompt: int, response: int, micro_batch: int, activation_checkpointing: bool) -> int:
+    """The dry run's train figure for this step, in the trainer's CPU dtypes (fp32) on one rank."""
+    import argparse
+
+    import dryrun
+    summary = dryrun.model_summary(model_dir, torch.float32)
+    shape = dryrun.micro_batch_shape(argparse.Namespace(micro_batch=micro_batch, micro_batch_tokens=0,
+                                                        max_model_len=prompt + response, max_response_tokens=response))
+    parts, _ = dryrun.train_memory(summary, 1, shape, activation_checkpointing=activation_checkpointing, kl=False,
+                                   device="cpu")
+    return sum(parts.values())
 
 
 def main():
@@ -141,20 +153,48 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         params = make_policy(Path(tmp))
         rows = []
-        for name in CONFIGS:
+        for name, config in CONFIGS.items():
             proc = subprocess.run([sys.executable, __file__, "--measure", name, "--model", tmp,
                                    "--prompt", str(args.prompt), "--response", str(args.response),
                                    "--micro-batch", str(args.micro_batch)], capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"{name}: the measuring process failed\n{proc.stderr[-4000:]}")
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(f"policy: Qwen2, {params / 1e6:.1f}M parameters, vocabulary 32000; {args.micro_batch} samples of "
-          f"{args.prompt} prompt + {args.response} response tokens; fp32, one rank")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            if config["method"] == "response":
+                row["dry_run_bytes"] = dry_run_bytes(tmp, args.prompt, args.response, args.micro_batch,
+                                                     config["activation_checkpointing"])
+            rows.append(row)
+    report(rows, params, args)
+
+
+def report(rows: list[dict], params: int, args) -> None:
+    base = rows[0]["beyond_state_bytes"]
     for r in rows:
-        print(f"  {r['config']:50s} peak {r['peak_bytes'] / MIB:8.0f} MiB   beyond state {r['beyond_state_bytes'] / MIB:8.0f} MiB"
-              f"   (at step start {r['live_at_step_start_bytes'] / MIB:.0f}, weights {r['weights_bytes'] / MIB:.0f}, grads {r['grads_bytes'] / MIB:.0f}, moments {r['moments_bytes'] / MIB:.0f})")
+        r["less_than_baseline"] = base / r["beyond_state_bytes"]
+        if "dry_run_bytes" in r:
+            r["dry_run_over_peak"] = r["dry_run_bytes"] / r["peak_bytes"]
+    first = rows[0]
+    print(f"one train step, one rank, fp32: Qwen2 of {params / 1e6:.1f}M parameters, vocabulary 32000; "
+          f"{args.micro_batch} samples of {args.prompt} prompt + {args.response} response tokens")
+    print(f"state: weights {first['weights_bytes'] / MIB:.0f} MiB, gradients {first['grads_bytes'] / MIB:.0f} MiB, "
+          f"AdamW moments {first['moments_bytes'] / MIB:.0f} MiB (the allocator's tally, MiB below)")
+    print(f"  {'configuration':50s} {'peak':>7s} {'beyond state':>13s} {'x less':>7s} {'dry run':>8s} "
+          f"{'dry run/peak':>13s}")
+    for r in rows:
+        dry = (f"{r['dry_run_bytes'] / MIB:8.0f} {r['dry_run_over_peak']:13.2f}" if "dry_run_bytes" in r
+               else f"{'-':>8s} {'-':>13s}")
+        print(f"  {r['config']:50s} {r['peak_bytes'] / MIB:7.0f} {r['beyond_state_bytes'] / MIB:13.0f} "
+              f"{r['less_than_baseline']:7.1f} {dry}")
+    best = rows[-1]["less_than_baseline"]
+    within = all(1.0 <= r["dry_run_over_peak"] <= 1.25 for r in rows if "dry_run_bytes" in r)
+    print(f"beyond the state, the trainer with activation checkpointing needs {best:.1f}x less than the baseline "
+          f"({'at least' if best >= 3 else 'less than'} 3x); the dry run is {'' if within else 'not '}within "
+          f"[1, 1.25] of each measured peak")
     if args.json:
-        Path(args.json).write_text(json.dumps({"params": params, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"params": params, "prompt": args.prompt, "response": args.response,
+                                               "micro_batch": args.micro_batch, "rows": rows,
+                                               "at_least_3x_less": best >= 3, "dry_run_within_25_percent": within},
+                                              indent=2))
 
 
 if __name__ == "__main__":
