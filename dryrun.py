@@ -3,20 +3,23 @@ initial role and what each role holds per device, before anything runs at that s
 no device and no weights: the models are built on the meta device (as accelerate's init_empty_weights
 does), from their config.json alone, to count their parameters and shapes.
 
-Per device, the figures are those of the GPU path (bf16 engines, fp32 master weights, grads and AdamW
-moments): a rollout or genrm rank holds its model's weights and its engine's KV cache (`--kv-cache-mb`);
-a train rank holds its FSDP2 rows (Shard(0), as `storage.shard_rows` splits them) of the master weights,
-grads and both moments, and one layer gathered at a time. Activations depend on micro-batch and sequence
-length and are not estimated. A colocated rank holds one role at a time (the others sleep), so its peak
-is its largest role. Per node, the Global Parameter Storage keeps one host copy of each model's weights
-and the policy's full training state.
+The placement is the one given: colocated and pivot start every rank in rollout (pivot's planner then
+moves them) and train on every rank at the step's end; disaggregated keeps its --split, and only the
+split's train ranks shard the training state. Per device, the figures are those of the GPU path (bf16
+engines and activations, fp32 master weights, grads and AdamW moments): a rollout or genrm rank holds
+its model's weights and its engine's KV cache (`--kv-cache-mb`); a train rank holds its FSDP2 rows
+(Shard(0), as `storage.shard_rows` splits them) of the master weights, grads and both moments, the
+root unit and two decoder layers gathered, and the largest of what one micro-batch adds on the way
+(`train_memory`). A rank that holds one role at a time (colocated, pivot) peaks at its largest role.
+Per node, the Global Parameter Storage keeps one host copy of each model's weights and the policy's
+full training state.
 """
 import math
 import sys
 
 import torch
 
-from roles.trainer import decoder_layers, inference_dtype
+from roles.trainer import decoder_layers, inference_dtype, logit_chunk_positions
 from storage import shard_rows
 
 GIB = 1 << 30
@@ -46,11 +49,19 @@ def model_summary(model_dir: str, dtype: torch.dtype) -> dict:
         layers = decoder_layers(model)
     except ValueError as e:
         sys.exit(f"{model_dir}: {e}")
+    params = sum(math.prod(s) for s in shapes)
+    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     return {"dir": model_dir, "architecture": ",".join(config.architectures or [type(model).__name__]),
-            "shapes": shapes, "params": sum(math.prod(s) for s in shapes),
-            "layer_params": max(sum(p.numel() for p in layer.parameters()) for layer in layers),
+            "shapes": shapes, "params": params, "layer_params": max(layer_params),
+            "root_params": params - sum(layer_params), "largest_param": max(math.prod(s) for s in shapes),
             "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
-            "kv_bytes_per_token": 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize}
+            "kv_bytes_per_token": 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize,
+            "layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
+            "q_width": heads * head_dim, "kv_width": kv_heads * head_dim, "heads": heads,
+            "intermediate": text.intermediate_size, "qk_norm": hasattr(layers[0].self_attn, "q_norm"),
+            "experts": getattr(text, "num_experts", None) or 0,
+            "experts_per_token": getattr(text, "num_experts_per_tok", None) or 0,
+            "expert_intermediate": getattr(text, "moe_intermediate_size", None) or 0}
 
 
 def fsdp_rows(shapes: list[tuple], ranks: int) -> int:
@@ -60,6 +71,79 @@ def fsdp_rows(shapes: list[tuple], ranks: int) -> int:
         start, stop = shard_rows(shape[0], 0, ranks)
         total += (stop - start) * math.prod(shape[1:])
     return total
+
+
+def layer_activation_bytes(m: dict, dtype: torch.dtype) -> int:
+    """Bytes per token a decoder layer keeps for backward (transformers' Qwen2/Llama/Qwen3 layers under
+    SDPA): counted from what each op saves, in `dtype` (an RMSNorm also keeps an fp32 copy of its input)."""
+    s = dtype.itemsize
+
+    def norm(width):  # fp32 input (the input itself in fp32), its normalised fp32 and dtype forms
+        return width * (4 + 2 * s)
+    q, kv = m["q_width"], m["kv_width"]
+    # rotated q and k, v, the attention output and its contiguous copy; logsumexp per head
+    attention = (3 * q + 2 * kv) * s + 4 * m["heads"]
+    if kv < q:
+        attention += 2 * q * s  # k and v repeated to every head
+    if m["qk_norm"]:
+        attention += (q + kv) * (4 + s)  # q_norm and k_norm: an fp32 copy and the normalised q and k
+    if m["experts"]:
+        # each token's copy to its experts, their gate, up, activation, product and output; router logits
+        mlp = m["experts_per_token"] * (2 * m["hidden"] + 4 * m["expert_intermediate"]) * s + 8 * m["experts"]
+    else:
+        mlp = 4 * m["intermediate"] * s  # gate, up, activation, their product
+    return 2 * norm(m["hidden"]) + attention + mlp
+
+
+def micro_batch_shape(args) -> tuple[int, int, int]:
+    """(tokens, response positions, padded length) of the largest micro-batch the flags allow."""
+    longest, budget = args.max_model_len, args.micro_batch_tokens
+    tokens = args.micro_batch * longest
+    if budget:
+        tokens = min(tokens, max(budget, longest))  # a longer sample goes alone
+    positions = min(tokens, args.micro_batch * args.max_response_tokens)
+    if budget and budget < longest:  # short samples within the budget, or one long sample alone
+        positions = max(min(budget, positions), min(args.max_response_tokens, longest))
+    return tokens, positions, longest
+
+
+def train_memory(m: dict, ranks: int, shape: tuple[int, int, int], *, activation_checkpointing: bool,
+                 kl: bool, device: str = "cuda") -> tuple[dict, str]:
+    """Bytes a train rank holds at the peak of a step, by part, and the moment it peaks. The trainer's
+    dtypes on `device`: bf16 gathered weights and activations on "cuda", fp32 on "cpu" (what the
+    bench measures); AdamW's foreach (CUDA) or per-tensor (CPU) temporaries.
+
+    The candidates: entering backward (every saved activation, one chunk of logits recomputed and in
+    its backward); with activation checkpointing, inside a layer's backward (its activations again
+    and their gradients); the end of backward (the root unit's gradients); the optimizer step. The
+    sharded gradients count throughout, as they do from the second micro-batch of a minibatch on; the
+    lm_head's unsharded gradient from the first chunk of logits until the root unit's reduce-scatter."""
+    tokens, positions, longest = shape
+    dtype = inference_dtype(torch.device(device))
+    s = dtype.itemsize
+    rows = fsdp_rows(m["shapes"], ranks)
+    state = {"master_fp32": rows * 4, "grads_fp32": rows * 4, "adamw_moments_fp32": 2 * rows * 4}
+    if kl:
+        state["reference_fp32"] = rows * 4
+    state["gathered_params"] = (m["root_params"] + 2 * m["layer_params"]) * s
+    layer = tokens * layer_activation_bytes(m, dtype)
+    # the final norm's, the response positions' hidden states, the attention mask
+    around = tokens * m["hidden"] * (4 + 2 * s) + positions * m["hidden"] * s + tokens * longest * s
+    saved = m["layers"] * (tokens * m["hidden"] * s if activation_checkpointing else layer) + around
+    head_grad = m["root_params"] * s
+    # a chunk's log-softmax output, the gradient into it and out of it, fp32; the dtype logits too
+    chunk = min(positions, logit_chunk_positions(m["vocab"])) * m["vocab"] * (12 + (s if s < 4 else 0))
+    phases = {"entering backward": {"activations": saved, "logits": chunk, "head_gradient": head_grad}}
+    if activation_checkpointing:
+        # the layer's gradients into its MLP and residual stream as backward walks through it
+        backward = tokens * (3 * (m["expert_intermediate"] * m["experts_per_token"] or m["intermediate"])
+                             + 2 * m["hidden"]) * s
+        phases["a layer's backward"] = {"activations": saved + layer + backward, "head_gradient": head_grad}
+    # the embedding's gradient, the lm_head's (the same weight when tied) and their sum, before the reduce-scatter
+    phases["the end of backward"] = {"embedding_and_head_gradients": 3 * head_grad}
+    phases["the optimizer step"] = {"optimizer_temporaries": (rows if device == "cuda" else 2 * m["largest_param"]) * 4}
+    peak = max(phases, key=lambda k: sum(phases[k].values()))
+    return {**state, **phases[peak]}, peak
 
 
 def plan(args) -> dict:
@@ -80,13 +164,11 @@ def plan(args) -> dict:
             need = -(-args.max_model_len * m["kv_bytes_per_token"] // MIB)
             sys.exit(f"--kv-cache-mb {args.kv_cache_mb} holds {tokens} tokens of the {name}'s KV cache, fewer than "
                      f"one sequence of --max-model-len {args.max_model_len}: raise --kv-cache-mb to at least {need}")
-    roles = ["rollout"] * world  # colocated: every rank starts in rollout, then judges, then trains
-    train_ranks = world
-    rows = fsdp_rows(policy["shapes"], train_ranks)
-    train = {"master_fp32": rows * f32, "grads_fp32": rows * f32, "adamw_moments_fp32": 2 * rows * f32,
-             "gathered_layer": policy["layer_params"] * dtype.itemsize}
-    if args.kl_coef > 0:
-        train["reference_fp32"] = rows * f32
+    from shifting.placement import Placement
+    placement = Placement(args, world)
+    roles, train_ranks = placement.start_roles(), placement.train_roles().count("train")
+    train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
+                                     activation_checkpointing=args.activation_checkpointing, kl=args.kl_coef > 0)
     device = {"rollout": {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
               "genrm": {"weights": genrm["params"] * dtype.itemsize, "kv_cache": kv},
               "train": train}
@@ -106,33 +188,47 @@ def plan(args) -> dict:
     peak_role = max(need, key=need.get)
     peak = need[peak_role]
     if args.device_memory_gib and peak > args.device_memory_gib * GIB:
-        change = ("raise --world-size: the train shards shrink with it" if peak_role == "train" else
+        change = ("raise --world-size or the split's train ranks, lower --micro-batch or --micro-batch-tokens, or "
+                  "pass --activation-checkpointing" if peak_role == "train" else
                   "lower --kv-cache-mb, or use a smaller model: each engine holds its whole model "
                   "(tensor_parallel_size=1)")
         sys.exit(f"a {peak_role} rank would need {_size(peak)}, over --device-memory-gib {args.device_memory_gib}: "
                  f"{change}")
     return {"world_size": world, "nodes": world // per_node, "ranks_per_node": per_node, "dtype": str(dtype),
-            "roles": roles, "policy": _public(policy), "genrm": _public(genrm), "device_bytes": device,
-            "device_peak_bytes": peak, "node_host_bytes": node, "notes": notes}
+            "placement": args.placement, "roles": roles, "train_ranks": train_ranks, "train_peak": train_peak,
+            "micro_batch": dict(zip(("tokens", "response_positions", "longest"), micro_batch_shape(args))),
+            "activation_checkpointing": args.activation_checkpointing, "policy": _public(policy),
+            "genrm": _public(genrm), "device_bytes": device, "device_peak_bytes": peak, "node_host_bytes": node,
+            "notes": notes}
+
+
+THEN = {"colocated": "every rank then judges and trains in turn",
+        "pivot": "the planner moves ranks between roles as the step runs; every rank trains at its end",
+        "disaggregated": "each rank keeps its role"}
 
 
 def print_plan(p: dict) -> None:
-    print(f"dry run: {p['world_size']} ranks = {p['nodes']} nodes x {p['ranks_per_node']}; placement colocated; "
-          f"engines and gathered layers in {p['dtype'].removeprefix('torch.')}")
+    print(f"dry run: {p['world_size']} ranks = {p['nodes']} nodes x {p['ranks_per_node']}; placement {p['placement']}; "
+          f"engines, gathered weights and activations in {p['dtype'].removeprefix('torch.')}")
     for name in ("policy", "genrm"):
         m = p[name]
         count = f"{m['params'] / 1e9:.2f}B" if m["params"] >= 1e9 else f"{m['params'] / 1e6:.2f}M"
         print(f"  {name}: {m['architecture']}, {count} parameters, "
               f"KV cache {m['kv_bytes_per_token']} bytes/token ({m['dir']})")
-    print("initial assignment:")
+    print(f"initial assignment ({THEN[p['placement']]}):")
     for role in sorted(set(p["roles"])):
         ranks = [r for r, held in enumerate(p["roles"]) if held == role]
-        print(f"  {role}: ranks {_ranges(ranks)} ({len(ranks)}); colocated ranks then judge and train in turn")
+        print(f"  {role}: ranks {_ranges(ranks)} ({len(ranks)})")
+    mb = p["micro_batch"]
+    print(f"training: FSDP2 over {p['train_ranks']} ranks; a micro-batch of up to {mb['tokens']} tokens "
+          f"({mb['response_positions']} response positions, padded to {mb['longest']}), activation checkpointing "
+          f"{'on' if p['activation_checkpointing'] else 'off'}")
     print("memory per device, by role:")
     for role, parts in p["device_bytes"].items():
         detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
-        print(f"  {role:8s} {_size(sum(parts.values())):>10s}  ({detail})")
-    print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (one role at a time; activations not included)")
+        when = f"; at its peak, {p['train_peak']}" if role == "train" else ""
+        print(f"  {role:8s} {_size(sum(parts.values())):>10s}  ({detail}{when})")
+    print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the largest role a rank holds)")
     node = p["node_host_bytes"]
     print(f"host shared memory per node: {_size(sum(node.values()))} ("
           + ", ".join(f"{k} {_size(v)}" for k, v in node.items()) + ")")

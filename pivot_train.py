@@ -6,6 +6,22 @@ uses group-normalised advantages and the clipped ratio objective against the sam
 new weights are published to the Global Parameter Storage and every rollout engine loads them before
 the next step. Synchronous and on-policy: step k's samples come from step k's weights.
 
+Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
+  - token-level normalisation: the loss is summed over every response token of a minibatch and divided
+    by their count, not averaged per response and then over responses (long responses weigh more);
+  - the ratio is taken against the engine's sampling logprobs (vLLM's, at the sampling temperature),
+    not against logprobs the trainer recomputes; `logprob_gap_mean`/`_max` in the metrics say how far
+    apart the two are;
+  - no KL term by default (--kl-coef 0); with one, the k3 estimator to the initial policy per token;
+  - the log-ratio is clamped to [-20, 20] before exp (as verl does);
+  - dual clip: with a negative advantage A a token's loss is at most -C*A (--clip-ratio-c 3; 0: off);
+  - advantages (r - mean) / (std + 1e-6) per group, unbiased std; a group of equal rewards adds nothing;
+  - AdamW (--adam-betas 0.9,0.99), gradient norm clipped to --grad-clip; an optimizer step whose
+    gradient norm is not finite is skipped (counted as `skipped_updates`), and --max-bad-steps of them
+    in a row stop the run;
+  - with --minibatches N > 1, minibatches after the first are trained on by weights that did not
+    sample them (the clipped ratio bounds how far they move).
+
 On CPU, the built-in task (the defaults):
     torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
 Across GPU nodes, on each node:
@@ -97,9 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--clip-ratio-c", type=float, default=3.0,
+                   help="dual clip: with a negative advantage A the token loss is at most -C*A (verl's "
+                        "clip_ratio_c); 0 turns it off")
     p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 skips it")
     p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
+    p.add_argument("--adam-betas", default="0.9,0.99", help="AdamW's beta1,beta2")
+    p.add_argument("--max-bad-steps", type=int, default=3,
+                   help="stop after this many optimizer steps in a row skipped for a non-finite gradient norm")
     p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
+    p.add_argument("--micro-batch-tokens", type=int, default=0,
+                   help="also cap a forward pass at this many prompt+response tokens, padded to its longest "
+                        "sample (a longer sample goes alone); 0: --micro-batch alone")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="keep only each decoder layer's input for backward and recompute the layer there")
     # placement
     p.add_argument("--placement", choices=["colocated", "disaggregated", "pivot"], default="colocated",
                    help="colocated: every rank rolls out, then judges, then trains; disaggregated: a fixed "
@@ -160,6 +187,10 @@ NUMBER_RULES = [
     ("kl_coef", lambda v: v >= 0, "0 or more (0: no KL penalty to the initial policy)"),
     ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
     ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
+    ("micro_batch_tokens", lambda v: v >= 0, "0 or more (tokens per forward pass; 0: --micro-batch alone)"),
+    ("clip_ratio_c", lambda v: v == 0 or v > 1, "0 (no dual clip) or above 1: the dual clip's bound on a negative "
+                                                "advantage's ratio (verl uses 3)"),
+    ("max_bad_steps", lambda v: v >= 1, "at least 1 (skipped optimizer steps in a row that stop the run)"),
     ("force_shift_rate", lambda v: 0 <= v <= 1, "in [0, 1]: the chance of a forced move at each engine step"),
     ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the policy engine's KV cache)"),
     ("genrm_kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the judge engine's KV cache; unset: --kv-cache-mb)"),
@@ -188,6 +219,7 @@ def check_config(args) -> str:
         sys.exit("--answer-marker must not be empty: eval_accuracy reads the answer after its last occurrence")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         sys.exit(f"--out {args.out} is a file: pass a directory for the run's files")
+    adam_betas(args.adam_betas)
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
     if args.dry_run != (args.world_size is not None):
@@ -218,6 +250,16 @@ def check_config(args) -> str:
         except ValueError as e:
             sys.exit(str(e))
     return template
+
+
+def adam_betas(text: str) -> tuple[float, float]:
+    try:
+        betas = tuple(float(b) for b in text.split(","))
+    except ValueError:
+        betas = ()
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        sys.exit(f"--adam-betas {text}: pass two numbers in [0, 1) separated by a comma, e.g. 0.9,0.99")
+    return betas
 
 
 def load_tokenizer(args, flag: str):
@@ -343,7 +385,9 @@ def main(argv=None):
     if resume:
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
-                 kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch)
+                 kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
+                 micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
+                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas))
     timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
@@ -354,6 +398,7 @@ def main(argv=None):
     timeline.begin_step(start)
     # The engines load the stored version (a resumed run's weights); the first record says so.
     startup = {"startup_shifts": context.apply(placement.start_roles())}
+    skipped_in_row = 0
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
         record, startup = {"step": step, **startup}, {}
@@ -367,7 +412,7 @@ def main(argv=None):
         samples, early, generation = rollout_and_judge(d, context, batch, rollout_engine, genrm, placement, step,
                                                        timeline, args)
         shifts = generation.pop("shifts") + to_train(context, placement)
-        stats = train_step(context, samples, early, timeline, args)
+        stats = train_step(context, samples, early, timeline, args, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples, shifts, stats)
         record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
@@ -379,6 +424,7 @@ def main(argv=None):
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
         log_step(d, out, record, board, args.steps)
         log_samples(d, out, step, samples)
+        skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
             checkpoint.save(d, out, step + 1, train_state, context, placement.state())
 
@@ -424,7 +470,8 @@ def to_train(context: RoleContext, placement: Placement) -> list[dict]:
     return context.apply(placement.train_roles())
 
 
-def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args) -> dict:
+def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args,
+               skipped_in_row: int) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics. The groups
     trained early (`early`, pivot) are in the gradients already: the rest complete the update."""
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
@@ -439,7 +486,7 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     if context.trainer is not None:
         start = time.perf_counter()
         with timeline.busy("train"):
-            stats = context.trainer.train_step(minibatches, early if early["groups"] else None)
+            stats = context.trainer.train_step(minibatches, early if early["groups"] else None, skipped_in_row)
         # Prompt and response tokens per second per train rank: what sizes early training's shares.
         tokens = sum(len(s.prompt_ids) + len(s.response_ids) for mb in minibatches for s in mb)
         stats["train_tokens_per_s"] = tokens / (time.perf_counter() - start) / dist.get_world_size(context.trainer.group)
@@ -447,6 +494,16 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     dist.all_gather_object(everyone, stats, group=context.d.control)
     stats = next(s for s in everyone if s is not None)
     return {**stats, "early_trained_groups": len(early["groups"]), "early_trained_tokens": early["tokens"]}
+
+
+def check_skipped_updates(step: int, stats: dict, args) -> int:
+    """Optimizer steps skipped in a row for a non-finite gradient norm, up to this step's; the run stops
+    at --max-bad-steps (on every rank: each holds the same statistics)."""
+    if stats["skipped_in_row"] >= args.max_bad_steps:
+        raise SystemExit(f"step {step}: {stats['skipped_in_row']} optimizer steps in a row skipped for a non-finite "
+                         f"gradient norm (--max-bad-steps {args.max_bad_steps}); the weights are those from before the "
+                         f"first of them: lower --lr, or read the step's samples in samples.jsonl")
+    return stats["skipped_in_row"]
 
 
 def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement,

@@ -4,13 +4,19 @@ GRPO, per group of G responses to one prompt: advantage_i = (r_i - mean(r)) / (s
 for every token of response i (a group of equal rewards gives zero advantages and no gradient). The loss
 is PPO's clipped ratio objective against the rollout's sampling logprobs, summed over every response
 token of the step and divided by that token count (token-level normalisation), plus an optional k3 KL
-penalty to a frozen reference policy.
+penalty to a frozen reference policy. As in verl, the log-ratio is clamped before exp and a dual clip
+bounds the loss of tokens with a negative advantage; an optimizer step whose gradient norm is not
+finite is skipped.
 """
+import types
+
 import torch
 import torch.distributed as dist
+from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
 import faults
@@ -25,30 +31,84 @@ def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
+# The log-ratio's bound before exp, verl's (compute_policy_loss in verl/trainer/ppo/core_algos.py).
+LOG_RATIO_BOUND = 20.0
+
+
 def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+                  clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+                  clip_ratio_c: float = 0.0) -> torch.Tensor:
     """Sum over masked tokens of the per-token GRPO loss; the caller divides by the token count.
 
-    logp, old_logp, mask, ref_logp: [batch, T]; advantages: [batch] (broadcast over tokens)."""
+    logp, old_logp, mask, ref_logp: [batch, T]; advantages: [batch] (broadcast over tokens).
+    `clip_ratio_c` > 1 turns on the dual clip for negative advantages; 0 leaves it off."""
     adv = advantages[:, None]
-    ratio = torch.exp(logp - old_logp)
+    # Clamped as verl's compute_policy_loss does: an unbounded ratio overflows to inf, and where the
+    # clipped term wins the unclipped one's gradient is then 0 * inf = NaN.
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    if clip_ratio_c:
+        # Dual clip (Ye et al. 2020, arXiv:1912.09729; verl's clip_ratio_c): with a negative advantage the
+        # loss is at most -clip_ratio_c * A, so a token whose ratio has run far past 1 stops pulling.
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -clip_ratio_c * adv), per_token)
     if ref_logp is not None and kl_coef > 0:
         delta = ref_logp - logp
         per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1)
     return (per_token * mask).sum()
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
-    """log p(token t | tokens < t) for t >= 1, under the sampling temperature; [batch, T-1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+# fp32 logits of at most this many bytes exist at once: a chunk of response positions at a time.
+LOGIT_CHUNK_BYTES = 256 << 20
+
+
+def logit_chunk_positions(vocab: int) -> int:
+    """Response positions whose fp32 logits fit in LOGIT_CHUNK_BYTES."""
+    return max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
+
+
+def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """log p(token t+1 | tokens <= t) at the positions t where `mask` [batch, T-1] is set (those that
+    predict response tokens), under the sampling temperature; [batch, T-1], zero elsewhere.
+
+    The decoder body runs to hidden states, the lm_head sees the masked positions only, and the
+    log-softmax is taken a chunk of positions at a time, each chunk recomputed in backward: the fp32
+    logits of one chunk exist at a time, never those of every position over the whole vocabulary.
+    Under FSDP2 the lm_head and embedding live in the root unit: `PolicyTrainer` registers this function
+    as a forward method of the root, so they are gathered around it."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    rows, cols = mask.nonzero(as_tuple=True)
+    picked, targets = hidden[rows, cols], input_ids[rows, cols + 1]
+    head = output_head(model)
+    step = logit_chunk_positions(head.weight.shape[0])
+    # At least one chunk, empty or not: the lm_head then has a gradient on every rank, as FSDP's
+    # reduce-scatter of the root unit needs.
+    flat = torch.cat([checkpoint(_chunk_logprobs, head, picked[i:i + step], targets[i:i + step], temperature,
+                                 use_reentrant=False) for i in range(0, max(len(targets), 1), step)])
+    return flat.new_zeros(mask.shape).index_put((rows, cols), flat)
+
+
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    # vLLM's sampler takes its logprobs as log_softmax(logits, dtype=float32) (compute_logprobs in
+    # vllm/v1/sample/sampler.py): the same formula here, so the two differ only by the rounding of
+    # the kernels before it (logsumexp would add its own).
+    logits = head(hidden).float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def output_head(model) -> torch.nn.Linear:
+    """The lm_head, applied here as a plain linear map (tied or not): models that scale or cap the logits
+    after it would be scored wrong, so they are refused."""
+    config = model.config.get_text_config()
+    for knob in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, knob, None) not in (None, 1.0):
+            raise ValueError(f"{type(model).__name__} sets {knob}: roles/trainer.response_logprobs applies the "
+                             f"lm_head alone; add the {knob} step there before training this model")
+    return model.get_output_embeddings()
 
 
 def pack(samples, device) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response ids; masks and old logprobs aligned with token_logprobs' output."""
+    """Right-padded prompt+response ids; masks and old logprobs aligned with response_logprobs' output."""
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     T = max(lengths)
     ids = torch.zeros(len(samples), T, dtype=torch.long)
@@ -63,6 +123,23 @@ def pack(samples, device) -> dict[str, torch.Tensor]:
         old[i, p - 1:p - 1 + r] = torch.tensor(s.logprobs)
     return {k: v.to(device) for k, v in
             dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old).items()}
+
+
+def micro_batches(samples: list, max_samples: int, max_tokens: int = 0) -> list[list]:
+    """`samples` in order, cut into micro-batches of at most `max_samples` and, when `max_tokens` is set,
+    at most `max_tokens` prompt+response tokens once padded to the micro-batch's longest (what a forward
+    pass holds); a sample longer than `max_tokens` is a micro-batch of its own."""
+    batches, longest = [], 0
+    for s in samples:
+        length = len(s.prompt_ids) + len(s.response_ids)
+        size = len(batches[-1]) + 1 if batches else 1
+        if batches and size <= max_samples and (not max_tokens or size * max(longest, length) <= max_tokens):
+            batches[-1].append(s)
+            longest = max(longest, length)
+        else:
+            batches.append([s])
+            longest = length
+    return batches
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -86,17 +163,21 @@ class PolicyTrainer:
 
     def __init__(self, state: TrainState, group: dist.ProcessGroup, device: torch.device, *, lr: float,
                  weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
-                 temperature: float, micro_batch: int):
+                 temperature: float, micro_batch: int, micro_batch_tokens: int = 0,
+                 activation_checkpointing: bool = False, clip_ratio_c: float = 3.0,
+                 adam_betas: tuple[float, float] = (0.9, 0.99)):
         self.state, self.group, self.device = state, group, device
-        self.clip_eps, self.kl_coef, self.temperature = clip_eps, kl_coef, temperature
-        self.grad_clip, self.micro_batch = grad_clip, micro_batch
+        self.clip_eps, self.clip_ratio_c, self.kl_coef, self.temperature = clip_eps, clip_ratio_c, kl_coef, temperature
+        self.grad_clip, self.micro_batch, self.micro_batch_tokens = grad_clip, micro_batch, micro_batch_tokens
+        self.activation_checkpointing = activation_checkpointing
         # Named after the group: meshes compare equal by ranks alone, so a group destroyed and made again
         # (shifting/context.py keeps two) would otherwise hit DTensor's cached shardings of the old mesh.
         mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"train-{group.group_name}",))
         mp = MixedPrecisionPolicy(param_dtype=inference_dtype(device), reduce_dtype=torch.float32)
-        self.model = self._sharded(mesh, mp, "master")
-        self.reference = self._sharded(mesh, mp, "reference").requires_grad_(False) if kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99),
+        self.model = self._sharded(mesh, mp, "master", activation_checkpointing)
+        self.reference = (self._sharded(mesh, mp, "reference", False).requires_grad_(False) if kl_coef > 0
+                          else None)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=adam_betas,
                                            weight_decay=weight_decay)
         self._load_optimizer()
         self._load_grads()
@@ -107,13 +188,20 @@ class PolicyTrainer:
         assert p.to_local().shape[0] == stop - first, "FSDP2 no longer shards like torch.chunk"
         return first
 
-    def _sharded(self, mesh, mp, field: str):
-        """An FSDP2 module built on the meta device, then filled with this rank's rows of `field`."""
+    def _sharded(self, mesh, mp, field: str, activation_checkpointing: bool):
+        """An FSDP2 module built on the meta device, then filled with this rank's rows of `field`. With
+        activation checkpointing each decoder layer keeps only its input for backward and runs again
+        there, inside its FSDP unit (applied before fully_shard, as torchtitan's apply_ac does; the
+        composable form keeps parameter names, which storage is keyed by)."""
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.state.config, dtype=torch.float32)
         for layer in decoder_layers(model):
+            if activation_checkpointing:
+                checkpoint_activations(layer)
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
+        model.response_logprobs = types.MethodType(response_logprobs, model)
+        register_fsdp_forward_method(model, "response_logprobs")
         model.to_empty(device=self.device)
         self._fill(model, field)
         return model
@@ -210,43 +298,53 @@ class PolicyTrainer:
         minibatch), adding their gradients to this group's; the optimizer steps later, in `train_step`,
         once every group is in. Every train rank is handed the same samples and works on its strided
         share. The step's token count is not known yet, so these gradients are token sums, scaled to a
-        token-level mean when `train_step` finishes the minibatch. Returns this group's loss sum,
-        clipped tokens and tokens."""
+        token-level mean when `train_step` finishes the minibatch. Returns this group's sums over them:
+        loss, clipped tokens, response tokens and the logprob gap (see `train_step`)."""
         if not self.accumulated:
             self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
-        loss_sum, clipped = self._backward(samples, total_tokens=1)
+        sums = self._backward(samples, total_tokens=1)
         tokens = sum(len(s.response_ids) for s in samples)
         self.accumulated += tokens
-        return {"loss_sum": loss_sum, "clipped": clipped, "tokens": tokens}
+        return {**sums, "tokens": tokens}
 
-    def _backward(self, samples: list, total_tokens: int) -> tuple[float, float]:
+    def _backward(self, samples: list, total_tokens: int) -> dict:
         """Forward and backward of this rank's strided share of `samples`, the loss sum over
-        `total_tokens`; returns the group's loss sum and clipped-token count."""
+        `total_tokens`; returns the group's loss sum, clipped-token count and logprob gap (sum, max)."""
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        mine = samples[rank::world]
-        # Every rank runs the same number of micro-steps: FSDP's collectives must pair up.
-        micro_steps = -(-len(samples[0::world]) // self.micro_batch)
-        sums = torch.zeros(2, device=self.device)
+        # Every rank runs the same number of micro-steps: FSDP's collectives must pair up. Each rank
+        # holds the whole of `samples`, so each knows every rank's share without asking.
+        shares = [micro_batches(samples[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
+        mine, micro_steps = shares[rank], max(len(share) for share in shares)
+        sums = torch.zeros(3, device=self.device)  # loss, clipped tokens, logprob gap
+        largest = torch.zeros(1, device=self.device)
         for i in range(micro_steps):
-            chunk = mine[i * self.micro_batch:(i + 1) * self.micro_batch]
-            loss, clipped = self._micro_step(chunk or samples[:1], real=bool(chunk))
+            chunk = mine[i] if i < len(mine) else []
+            loss, clipped, gap = self._micro_step(chunk or samples[:1], real=bool(chunk))
             # FSDP averages gradients over the group; this scale makes them token-level means.
             (loss * world / total_tokens).backward()
-            sums += sums.new_tensor([loss.item(), clipped])
+            sums += sums.new_tensor([loss.item(), clipped, gap[0]])
+            largest = torch.maximum(largest, largest.new_tensor([gap[1]]))
         dist.all_reduce(sums, group=self.group)
-        return sums[0].item(), sums[1].item()
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
+        loss_sum, clipped, gap_sum = sums.tolist()
+        return {"loss_sum": loss_sum, "clipped": clipped, "gap_sum": gap_sum, "gap_max": largest.item()}
 
-    def train_step(self, minibatches: list[list], early: dict | None = None) -> dict:
+    def train_step(self, minibatches: list[list], early: dict | None = None, skipped_in_row: int = 0) -> dict:
         """One optimizer step per minibatch. Every train rank is handed the same global minibatches
         (samples carrying `.advantage`) and works on its strided share of each. With early training,
         the first (and only) minibatch holds just the samples not trained yet, `early` the sums of
-        those that were (`accumulate`), whose gradients this group holds or loaded from storage."""
-        early = early or {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
-        stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0}
+        those that were (`accumulate`), whose gradients this group holds or loaded from storage.
+
+        A minibatch whose gradient norm is not finite takes no step: its gradients are dropped, the
+        weights and AdamW's moments and step count stay as they were. `skipped_in_row` (updates skipped
+        in a row before this step) continues into the returned `skipped_in_row`. The logprob gap (to
+        the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
+        none = {"loss_sum": 0.0, "clipped": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "tokens": 0}
+        stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
         for index, mb in enumerate(minibatches):
-            carried = early if index == 0 else {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+            carried = early if index == 0 and early else none
             assert carried["tokens"] == (self.accumulated if index == 0 else 0), "early gradients out of step"
             total_tokens = sum(len(s.response_ids) for s in mb) + carried["tokens"]
             if carried["tokens"]:
@@ -255,33 +353,50 @@ class PolicyTrainer:
                         p.grad.mul_(1.0 / total_tokens)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, clipped = self._backward(mb, max(total_tokens, 1)) if mb else (0.0, 0.0)
-            sums = (loss_sum + carried["loss_sum"], clipped + carried["clipped"])
+            sums = self._backward(mb, max(total_tokens, 1)) if mb else dict(none)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             faults.point("train", dist.get_rank())
-            self.optimizer.step()
+            if torch.isfinite(grad_norm):
+                self.optimizer.step()
+                skipped_in_row = 0
+            else:
+                # Stepping would write the NaN or inf into every weight and moment it reaches.
+                self.optimizer.zero_grad(set_to_none=True)
+                stats["skipped_updates"] += 1
+                skipped_in_row += 1
             self.accumulated = 0
-            stats["loss"] += sums[0] / max(total_tokens, 1) / len(minibatches)
-            stats["clip_frac"] += sums[1] / max(total_tokens, 1) / len(minibatches)
+            if index == 0:  # mean and max over the response tokens of |trainer logprob - sampling logprob|
+                stats["logprob_gap_mean"] = (sums["gap_sum"] + carried["gap_sum"]) / max(total_tokens, 1)
+                stats["logprob_gap_max"] = max(sums["gap_max"], carried["gap_max"])
+            stats["loss"] += (sums["loss_sum"] + carried["loss_sum"]) / max(total_tokens, 1) / len(minibatches)
+            stats["clip_frac"] += (sums["clipped"] + carried["clipped"]) / max(total_tokens, 1) / len(minibatches)
             stats["grad_norm"] += grad_norm.item() / len(minibatches)
             stats["tokens"] += total_tokens
+        stats["skipped_in_row"] = skipped_in_row
         return stats
 
+    def logprobs(self, model, batch: dict) -> torch.Tensor:
+        """Logprobs of `batch`'s response tokens under `model` (the policy or the reference)."""
+        return model.response_logprobs(batch["input_ids"], batch["attention_mask"], batch["mask"],
+                                       self.temperature)
+
     def _micro_step(self, chunk, real: bool):
-        """Loss sum and clipped-token count of `chunk`; a stand-in chunk (real=False) counts nothing."""
+        """Loss sum, clipped-token count and (sum, max) of the logprob gap to the sampling logprobs over
+        the response tokens of `chunk`; a stand-in chunk (real=False) counts nothing."""
         batch = pack(chunk, self.device)
         mask = batch["mask"] if real else torch.zeros_like(batch["mask"])
-        logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"], self.temperature)
+        logp = self.logprobs(self.model, batch)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.reference, batch["input_ids"], batch["attention_mask"],
-                                     self.temperature)
+                ref = self.logprobs(self.reference, batch)
         advantages = torch.tensor([s.advantage for s in chunk], device=self.device, dtype=logp.dtype)
-        loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef)
+        loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef,
+                             self.clip_ratio_c)
         with torch.no_grad():
             ratio = torch.exp(logp - batch["old_logp"])
             clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum().item()
-        return loss, clipped
+            gap = (logp - batch["old_logp"]).abs() * mask
+        return loss, clipped, (gap.sum().item(), gap.max().item())

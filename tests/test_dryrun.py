@@ -1,5 +1,8 @@
 """pivot_train.py --dry-run: a configuration checked for N ranks without torchrun and without weights."""
+import argparse
+
 import pytest
+import torch
 import torch.distributed as dist
 
 import dryrun
@@ -28,7 +31,8 @@ def args_for(root, *extra):
 
 def test_plans_128_ranks_from_configs_alone(config_only, capsys):
     assert not list(config_only.glob("*/*.safetensors"))  # nothing to load: it must not try
-    pivot_train.main([str(a) for a in args_for(config_only, "--world-size", 128)])
+    small_steps = ("--micro-batch", 4, "--activation-checkpointing")  # so that the rollout role is the largest
+    pivot_train.main([str(a) for a in args_for(config_only, "--world-size", 128, *small_steps)])
     printed = capsys.readouterr().out
     assert not dist.is_initialized()
     assert "128 ranks = 16 nodes x 8" in printed and "rollout: ranks 0-127 (128)" in printed
@@ -36,7 +40,8 @@ def test_plans_128_ranks_from_configs_alone(config_only, capsys):
     for line in ("  rollout ", "  genrm ", "  train ", "  peak ", "host shared memory per node", "data: 18 training"):
         assert line in printed
 
-    plan = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(config_only, "--world-size", 128)]))
+    argv = [str(a) for a in args_for(config_only, "--world-size", 128, *small_steps)]
+    plan = dryrun.plan(pivot_train.parse_args(argv))
     params = plan["policy"]["params"]
     assert 30e9 < params < 31e9
     assert plan["device_bytes"]["rollout"]["weights"] == 2 * params  # bf16
@@ -81,3 +86,80 @@ def test_rubric_judge_needs_rubric_in_template_and_data(config_only):
         pivot_train.main([str(a) for a in args_for(config_only, "--world-size", 8, "--judge-kind", "rubric",
                                                    "--judge-template", ROOT / "tasks/judge_rubric.txt")])
 
+
+
+def built_in(world: int, *flags) -> dict:
+    return dryrun.plan(pivot_train.parse_args(["--dry-run", "--world-size", str(world), *map(str, flags)]))
+
+
+def test_the_train_group_is_the_placement_s():
+    """The built-in policy by hand: embedding 39 x 128 (tied) + final norm 128 = 5,120; each of 4 layers
+    q, k, v 3 x (128 x 128 + 128), o 128 x 128, gate, up, down 3 x 128 x 512, two norms 2 x 128 = 262,784;
+    1,056,256 in all. FSDP2 gives rank 0 ceil(rows / ranks) rows of each tensor: over 2 ranks exactly
+    half of every tensor but the embedding (20 of 39 rows): 528,192; over 4, 264,096."""
+    colocated, pivot = built_in(4), built_in(4, "--placement", "pivot")
+    split = built_in(4, "--placement", "disaggregated", "--split", "rollout=2,genrm=1,train=1")
+    assert colocated["policy"]["params"] == 1_056_256
+    assert colocated["roles"] == pivot["roles"] == ["rollout"] * 4
+    assert colocated["train_ranks"] == pivot["train_ranks"] == 4
+    assert colocated["device_bytes"]["train"]["master_fp32"] == 264_096 * 4
+    assert split["roles"] == ["rollout", "rollout", "genrm", "train"] and split["train_ranks"] == 1
+    assert split["device_bytes"]["train"]["master_fp32"] == 1_056_256 * 4
+    assert split["device_bytes"]["train"]["adamw_moments_fp32"] == 2 * 1_056_256 * 4
+    assert built_in(2, "--placement", "pivot")["device_bytes"]["train"]["grads_fp32"] == 528_192 * 4
+
+
+def test_a_split_s_train_group_holds_its_share(config_only):
+    """128 ranks of which 8 train: each holds a 16th of the training state, not a 128th."""
+    split = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(
+        config_only, "--world-size", 128, "--placement", "disaggregated", "--split", "rollout=96,genrm=24,train=8")]))
+    everyone = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(config_only, "--world-size", 128)]))
+    ratio = split["device_bytes"]["train"]["master_fp32"] / everyone["device_bytes"]["train"]["master_fp32"]
+    assert 15 < ratio <= 16
+
+
+def test_micro_batch_shape_by_hand():
+    shape = lambda mb, budget, length, response: dryrun.micro_batch_shape(argparse.Namespace(  # noqa: E731
+        micro_batch=mb, micro_batch_tokens=budget, max_model_len=length, max_response_tokens=response))
+    assert shape(8, 0, 1024, 768) == (8192, 6144, 1024)      # 8 samples of 1024, 768 of them scored
+    assert shape(8, 3000, 1024, 768) == (3000, 3000, 1024)   # the budget caps the tokens
+    assert shape(8, 500, 1024, 768) == (1024, 768, 1024)     # a sample longer than the budget goes alone
+
+
+def saved_per_layer(model, input_ids, attention_mask) -> list[float]:
+    """Bytes per token each decoder layer keeps for backward, measured: every tensor autograd saves
+    during the layer's forward that is not a parameter (or a view of one), each storage once."""
+    from roles.trainer import decoder_layers
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current, tally, seen = [None], {}, set()
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if current[0] is not None and storage.data_ptr() not in params | seen:
+            seen.add(storage.data_ptr())
+            tally[current[0]] = tally.get(current[0], 0) + storage.nbytes()
+        return t
+    for i, layer in enumerate(decoder_layers(model)):
+        layer.register_forward_pre_hook(lambda *_, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda *_: current.__setitem__(0, None))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return [tally[i] / input_ids.numel() for i in sorted(tally)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activations_per_layer_against_a_measured_forward(arch, dtype, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tinymodel import make_config
+    torch.manual_seed(0)
+    config = make_config(arch, hidden=256, layers=2, intermediate=512, vocab=300, init_std=0.02)
+    config.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    ids = torch.randint(2, 300, (3, 96))
+    attention = torch.ones(3, 96, dtype=torch.long)
+    attention[1, 60:] = 0
+    counted = dryrun.layer_activation_bytes(dryrun.model_summary(str(tmp_path), dtype), dtype)
+    for measured in saved_per_layer(model, ids, attention):
+        assert measured <= counted <= 1.25 * measured

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from roles.trainer import grpo_advantages, grpo_loss_sum, pack
+from roles.trainer import grpo_advantages, grpo_loss_sum, micro_batches, pack
 from roles.rollout import Sample
 
 
@@ -70,3 +70,98 @@ def test_pack_aligns_response_tokens_with_their_logprobs():
     # position t of the outputs predicts token t+1
     assert batch["mask"].tolist() == [[0, 0, 1, 1], [1, 0, 0, 0]]
     assert torch.allclose(batch["old_logp"], torch.tensor([[0, 0, -0.1, -0.2], [-0.3, 0, 0, 0]]))
+
+
+def sample_of(prompt: int, response: int) -> Sample:
+    return Sample(0, 0, [5] * prompt, [6] * response, [-0.1] * response, "stop")
+
+
+def test_micro_batches_by_count():
+    samples = [sample_of(2, 2) for _ in range(7)]
+    assert [len(b) for b in micro_batches(samples, 3)] == [3, 3, 1]
+    assert [s for b in micro_batches(samples, 3) for s in b] == samples  # in order, each once
+
+
+def test_micro_batches_by_padded_tokens():
+    # lengths 4, 6, 3, 10, 12, 2, 2: a budget of 12 tokens counts each micro-batch padded to its longest
+    lengths = [(2, 2), (3, 3), (1, 2), (4, 6), (6, 6), (1, 1), (1, 1)]
+    samples = [sample_of(p, r) for p, r in lengths]
+    batches = micro_batches(samples, 32, max_tokens=12)
+    # [4, 6]: 2 x 6 = 12 fits; + 3 would make 3 x 6 = 18. [3]; + 10 would be 2 x 10 = 20. [10] alone;
+    # [12] alone (exactly the budget); [2, 2]: 2 x 2 = 4.
+    assert [[len(s.prompt_ids) + len(s.response_ids) for s in b] for b in batches] == [[4, 6], [3], [10], [12], [2, 2]]
+    # a sample longer than the budget is a micro-batch of its own, never dropped or split
+    assert [len(b) for b in micro_batches([sample_of(2, 2), sample_of(20, 20), sample_of(2, 2)], 32, 12)] == [1, 1, 1]
+    # both bounds apply
+    assert [len(b) for b in micro_batches(samples[5:] * 3, 2, max_tokens=100)] == [2, 2, 2]
+
+
+def loss_and_grad(log_ratio: float, adv: float, clip_ratio_c: float = 0.0):
+    old = torch.tensor([[-2.0]])
+    logp = (old + log_ratio).requires_grad_()
+    loss = grpo_loss_sum(logp, old, torch.tensor([adv]), torch.ones(1, 1), clip_eps=0.2, clip_ratio_c=clip_ratio_c)
+    loss.backward()
+    return loss.item(), logp.grad.item()
+
+
+def test_log_ratio_is_clamped_before_exp():
+    # unclamped, exp(100) overflows fp32 and the unclipped branch's gradient is 0 * inf = NaN
+    loss, grad = loss_and_grad(100.0, 1.0)
+    assert (loss, grad) == (pytest.approx(-1.2), 0.0)  # the clipped term, constant
+    # negative advantage: -ratio * A with the ratio held at e^20, and no gradient past the clamp
+    loss, grad = loss_and_grad(100.0, -1.0)
+    assert (loss, grad) == (pytest.approx(math.exp(20.0), rel=1e-6), 0.0)
+    loss, grad = loss_and_grad(-100.0, 1.0)
+    assert (loss, grad) == (pytest.approx(-math.exp(-20.0), rel=1e-6), 0.0)
+    # inside the bound nothing changes: -ratio * A and its gradient -ratio * A
+    loss, grad = loss_and_grad(0.1, 1.0)
+    assert (loss, grad) == (pytest.approx(-math.exp(0.1), rel=1e-6), pytest.approx(-math.exp(0.1), rel=1e-6))
+
+
+@pytest.mark.parametrize("log_ratio, adv, expected_loss, expected_grad", [
+    (math.log(5.0), -1.0, 3.0, 0.0),                     # ratio 5 > C = 3: the loss stops at -C * A = 3
+    (math.log(5.0), -2.0, 6.0, 0.0),                     # -C * A scales with the advantage
+    (math.log(2.0), -1.0, 2.0, 2.0),                     # ratio 2 < C: -ratio * A = 2, gradient -ratio * A
+    (math.log(0.5), -1.0, 0.8, 0.0),                     # the usual lower clip, 0.8
+    (math.log(5.0), 1.0, -1.2, 0.0),                     # a positive advantage: the dual clip does not apply
+])
+def test_dual_clip_for_negative_advantages(log_ratio, adv, expected_loss, expected_grad):
+    loss, grad = loss_and_grad(log_ratio, adv, clip_ratio_c=3.0)
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    assert grad == pytest.approx(expected_grad, rel=1e-6, abs=1e-12)
+
+
+def test_dual_clip_off_is_the_plain_clipped_objective_exactly():
+    g = torch.Generator().manual_seed(0)
+    logp, old = -torch.rand(6, 9, generator=g) * 5, -torch.rand(6, 9, generator=g) * 5
+    adv, mask = torch.randn(6, generator=g), (torch.rand(6, 9, generator=g) > 0.3).float()
+    ratio = torch.exp(logp - old)
+    plain = -torch.minimum(ratio * adv[:, None], torch.clamp(ratio, 0.8, 1.2) * adv[:, None])
+    assert torch.equal(grpo_loss_sum(logp, old, adv, mask, clip_eps=0.2, clip_ratio_c=0.0), (plain * mask).sum())
+    # and with it on, only tokens with a negative advantage and a ratio above 3 change
+    assert ((ratio > 3) & (adv[:, None] < 0) & (mask > 0)).any()
+    dual = grpo_loss_sum(logp, old, adv, mask, clip_eps=0.2, clip_ratio_c=3.0)
+    capped = torch.where((adv[:, None] < 0) & (ratio > 3), -3.0 * adv[:, None].expand_as(ratio), plain)
+    assert dual.item() == pytest.approx((capped * mask).sum().item(), rel=1e-6)
+
+
+def test_the_run_stops_after_max_bad_steps_in_a_row():
+    import pivot_train
+    args = pivot_train.parse_args(["--max-bad-steps", "3"])
+    assert pivot_train.check_skipped_updates(4, {"skipped_in_row": 2}, args) == 2
+    with pytest.raises(SystemExit, match=r"step 5: 3 optimizer steps in a row skipped .*\(--max-bad-steps 3\)"):
+        pivot_train.check_skipped_updates(5, {"skipped_in_row": 3}, args)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--clip-ratio-c", "0.5"], "--clip-ratio-c must be 0 .* or above 1"),
+    (["--adam-betas", "0.9"], "two numbers in"),
+    (["--adam-betas", "0.9,1.5"], "two numbers in"),
+    (["--adam-betas", "a,b"], "two numbers in"),
+    (["--max-bad-steps", "0"], "--max-bad-steps must be at least 1"),
+    (["--micro-batch-tokens", "-1"], "--micro-batch-tokens must be 0 or more"),
+])
+def test_safeguard_flags_are_checked(flags, message):
+    import pivot_train
+    with pytest.raises(SystemExit, match=message):
+        pivot_train.check_config(pivot_train.parse_args(flags))

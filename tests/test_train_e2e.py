@@ -23,6 +23,12 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
         assert set(r["busy_s"]) == {"rollout", "genrm", "train"}
         assert r["samples_per_s"] == pytest.approx(r["samples"] / r["step_time_s"])
         assert r["genrm_parse_unresolved"] == 0 and r["genrm_requests"] == r["samples"]
+        # the trainer scores the sampled tokens as the engine did: in fp32 on CPU they differ by rounding
+        # alone (the engine's kernels are not the trainer's; about 1e-8 on average, a few 1e-6 at most),
+        # where scoring other positions or another temperature would be off by tenths of a nat
+        assert r["logprob_gap_mean"] < 1e-6 and r["logprob_gap_max"] < 1e-4
+        # with --minibatches 1 every update is taken
+        assert r["skipped_updates"] == 0 and r["skipped_in_row"] == 0
     first, last = records[0], records[-1]
     assert first["genrm_agreement"] >= 0.9 and last["genrm_agreement"] >= 0.9
     # learning from the judge's verdicts alone: greedy accuracy on the held-out prompts rises

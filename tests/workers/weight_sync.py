@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roles.engine import Request
 from roles.rollout import RolloutEngine
-from roles.trainer import PolicyTrainer, grpo_advantages, grpo_loss_sum, pack, token_logprobs
+from roles.trainer import PolicyTrainer, grpo_advantages, grpo_loss_sum, pack
 from runtime import init_distributed, shutdown_distributed
 from storage import ParameterStorage, TrainState
 
@@ -35,7 +35,9 @@ plain = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
 optimizer = torch.optim.AdamW(plain.parameters(), lr=hyper["lr"], betas=(0.9, 0.99),
                               weight_decay=hyper["weight_decay"])
 packed = pack(samples, torch.device("cpu"))
-logp = token_logprobs(plain, packed["input_ids"], packed["attention_mask"], 1.0)
+# The textbook computation: a log-softmax over the whole vocabulary at every position.
+logits = plain(input_ids=packed["input_ids"], attention_mask=packed["attention_mask"]).logits[:, :-1]
+logp = torch.log_softmax(logits, dim=-1).gather(-1, packed["input_ids"][:, 1:, None]).squeeze(-1)
 logprob_gap = ((logp - packed["old_logp"]).abs() * packed["mask"]).max().item()
 advantages = torch.tensor([s.advantage for s in samples])
 loss = grpo_loss_sum(logp, packed["old_logp"], advantages, packed["mask"], hyper["clip_eps"])
