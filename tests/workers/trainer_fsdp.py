@@ -140,7 +140,7 @@ def safeguards(d, args: list[str]) -> dict:
     before, steps, runs = snapshot(), trainer.steps, []
     in_row = first["skipped_in_row"]
     for batch in (poisoned, poisoned, samples):
-        stats = trainer.train_step([batch], in_row)
+        stats = trainer.train_step([batch], skipped_in_row=in_row)
         in_row = stats["skipped_in_row"]
         after = snapshot()
         runs.append({"skipped_updates": stats["skipped_updates"], "skipped_in_row": in_row,
