@@ -142,6 +142,15 @@ def micro_batches(samples: list, max_samples: int, max_tokens: int = 0) -> list[
     return batches
 
 
+# What early training adds up over a step (PolicyTrainer.accumulate's sums): nothing yet.
+NO_EARLY = {"loss_sum": 0.0, "clipped": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "tokens": 0}
+
+
+def add_early(total: dict, more: dict) -> dict:
+    """Two sets of early-training sums as one (the logprob gap's maximum is a maximum)."""
+    return {key: max(total[key], more[key]) if key == "gap_max" else total[key] + more[key] for key in NO_EARLY}
+
+
 def decoder_layers(model) -> torch.nn.ModuleList:
     """The decoder layers FSDP2 shards one by one (a MoE layer with its experts): `model.model.layers` in
     every causal LM tested here (Qwen2, Llama, Qwen3, Qwen3-MoE)."""
@@ -340,11 +349,10 @@ class PolicyTrainer:
         weights and AdamW's moments and step count stay as they were. `skipped_in_row` (updates skipped
         in a row before this step) continues into the returned `skipped_in_row`. The logprob gap (to
         the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
-        none = {"loss_sum": 0.0, "clipped": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "tokens": 0}
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
         for index, mb in enumerate(minibatches):
-            carried = early if index == 0 and early else none
+            carried = early if index == 0 and early else NO_EARLY
             assert carried["tokens"] == (self.accumulated if index == 0 else 0), "early gradients out of step"
             total_tokens = sum(len(s.response_ids) for s in mb) + carried["tokens"]
             if carried["tokens"]:
@@ -353,7 +361,7 @@ class PolicyTrainer:
                         p.grad.mul_(1.0 / total_tokens)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
-            sums = self._backward(mb, max(total_tokens, 1)) if mb else dict(none)
+            sums = self._backward(mb, max(total_tokens, 1)) if mb else NO_EARLY
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()

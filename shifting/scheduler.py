@@ -38,7 +38,7 @@ from roles import ENGINE_ROLES, ROLES
 from roles.engine import Completion, Request
 from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import grpo_advantages
+from roles.trainer import NO_EARLY, add_early, grpo_advantages
 
 
 ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
@@ -170,7 +170,7 @@ class StepQueues:
         self.early_train, self.train_per_s = early_train, train_per_s
         self.trained: list[int] = []
         self.handed_tokens = 0  # prompt and response tokens of the groups last handed to train
-        self.early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+        self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
@@ -200,8 +200,7 @@ class StepQueues:
                 self._judged(verdict)
         trainers = [r for r in reports if r.trained]
         if trainers:  # every train rank reports the group's sums: count them once
-            for key in self.early:
-                self.early[key] += trainers[0].trained[key]
+            self.early = add_early(self.early, trainers[0].trained)
             seconds = max(r.train_s for r in trainers)
             self.early_train_s += seconds
             if seconds > 0:  # prompt and response tokens through forward and backward, per rank

@@ -23,3 +23,6 @@ def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
             assert stats["tokens"] == whole["tokens"]
             assert stats["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)
             assert stats["clip_frac"] == pytest.approx(whole["clip_frac"], abs=1e-9)
+            # every forward pass, early or not, scores the step's tokens with the weights that sampled them
+            assert stats["logprob_gap_mean"] == pytest.approx(whole["logprob_gap_mean"], rel=1e-5)
+            assert stats["logprob_gap_max"] == pytest.approx(whole["logprob_gap_max"], rel=1e-5)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from roles.rollout import Sample
-from roles.trainer import PolicyTrainer, grpo_advantages
+from roles.trainer import NO_EARLY, PolicyTrainer, add_early, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
 from storage import TrainState
 
@@ -60,13 +60,12 @@ reference = weights(whole)
 # Rank 1 trains the early groups alone; the state (with its gradients) goes through storage to both.
 state = TrainState(d, policy_dir, keep_reference=False, keep_grads=True)
 alone = dist.new_group([1])
-early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+early = NO_EARLY
 trainer = None
 if d.rank == 1:
     trainer = PolicyTrainer(state, alone, d.device, **hyper)
     for groups in early_groups:
-        sums = trainer.accumulate([s for s in samples if s.prompt_index in groups])
-        early = {k: early[k] + sums[k] for k in early}
+        early = add_early(early, trainer.accumulate([s for s in samples if s.prompt_index in groups]))
 state.save(trainer)
 shared = [None, None]
 dist.all_gather_object(shared, early)
@@ -78,10 +77,9 @@ carried = gap(weights(final), reference)
 
 # The early group is the final one: no regroup, the gradients never leave the trainer.
 kept = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False, keep_grads=True), d.tensors, d.device, **hyper)
-early = {"loss_sum": 0.0, "clipped": 0.0, "tokens": 0}
+early = NO_EARLY
 for groups in early_groups:
-    sums = kept.accumulate([s for s in samples if s.prompt_index in groups])
-    early = {k: early[k] + sums[k] for k in early}
+    early = add_early(early, kept.accumulate([s for s in samples if s.prompt_index in groups]))
 kept_stats = kept.train_step([rest], early)
 in_place = gap(weights(kept), reference)
 
