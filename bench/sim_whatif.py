@@ -8,8 +8,8 @@ spent idle (all that moving devices between roles can fill), the share of pivot'
 other devices with work in hand (a round held open, a collective shift), and how colocated's step
 divides: until the last response, then the last verdict, then the end of the update. The changed
 figures are not calibrated: they ask what the ratios would be if the workload or the costs were so.
-The last cases change the loop's rounds instead (sim.engine.RoundRules), in ways pivot_train.py does
-not work: they ask what such a change of the loop would be worth.
+The last cases change the loop's rounds instead (sim.engine.RoundRules), back to rules pivot_train.py
+no longer follows: they ask what each of its rules is worth.
 """
 import argparse
 import copy
@@ -37,11 +37,10 @@ CASES = {
                      "h200.node_link_bytes_per_s": 1000.0}, {}),
     "rounds x16": ("rounds of 400 engine steps' worth of time instead of 25 (pivot_train.py --round-steps 400)",
                    {"planner.round_steps": 16.0}, {}),
-    "step on": ("a rank past the round's limit keeps stepping until every rank has reached it, so none waits "
-                "with work in hand for another's long step (a prefill chunk, a train group)", {}, {"step_on": True}),
-    "apply alone": ("a shift holds only the ranks that move; they take work again at the first round after it",
-                    {}, {"shifts_stall_all": False}),
-    "both": ("step on and apply alone", {}, {"step_on": True, "shifts_stall_all": False}),
+    "stop at limit": ("a rank past the round's limit stops and waits for the round's end instead of stepping "
+                      "on until every rank has reached it", {}, {"step_on": False}),
+    "shifts stall": ("every shift holds every rank until the longest move is done, a move between engine "
+                     "roles too", {}, {"shifts_stall_all": True}),
 }
 
 

@@ -317,6 +317,12 @@ class PolicyTrainer:
         self.accumulated += tokens
         return {**sums, "tokens": tokens}
 
+    def agree(self, mine: bool) -> bool:
+        """Whether any rank of the train group says yes: one small all-reduce, on the group's device."""
+        flag = torch.tensor([float(mine)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
     def _backward(self, samples: list, total_tokens: int) -> dict:
         """Forward and backward of this rank's strided share of `samples`, the loss sum over
         `total_tokens`; returns the group's loss sum, clipped-token count and logprob gap (sum, max)."""

@@ -4,8 +4,9 @@ A step's work is one rollout request per sample (P x G) and, as each response fi
 request for it. Ranks work in rounds. At the start of a round rank 0 hands every rank its orders:
 every rank's role from now on, new requests for its engine, and how long to work before reporting
 back. Each rank then makes its shift, if it has one (a move between the engine roles is its own; a
-change of the train group is collective), and steps the engine of its role, or trains the judged
-groups it was handed, on its own and at its own pace, until its round ends; then all ranks report
+change of the train group is collective), and steps the engine of its role, or trains (with the
+other train ranks) the judged groups no train rank has had, group by group, on its own and at its
+own pace, until its round ends (groups it did not reach are handed out again); then all ranks report
 to rank 0 (requests finished, turned into samples and verdicts where they finished; requests exported
 by a shift; requests in flight; the engine steps they took; their shift) and rank 0 decides the next
 round. A rank told to change role first exports its in-flight requests; they go back to the head of
@@ -108,8 +109,8 @@ class Report:
     in_flight_tokens: int = 0  # their prompt + generated tokens
     # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
     steps: list[tuple[int, float, int]] = field(default_factory=list)
-    # Early training: the group's sums over the samples it trained on this round (loss_sum, clipped,
-    # tokens), and the seconds it took.
+    # Early training: the train group's sums over the groups it trained on this round (add_early's
+    # keys, and `groups`: their prompt indices), and the seconds it took.
     trained: dict | None = None
     train_s: float = 0.0
     shifts: list[dict] = field(default_factory=list)  # this rank's shift at the round's start, if it made one
@@ -164,12 +165,10 @@ class StepQueues:
         self.plan_s = 0.0  # rank 0's seconds in the plan function, which every rank waits for
         self.shifts: list[dict] = []  # made while rolling out and judging, round by round in rank order
         self.shift_s = 0.0  # their seconds: the longest of each round, summed
-        # Early training: judged groups handed to the train ranks (prompt indices), what they summed,
-        # and the train ranks' measured prompt and response tokens per second per rank, which sizes a
-        # round's share.
+        # Early training: the judged groups the train ranks have trained on (prompt indices), what they
+        # summed, and their measured prompt and response tokens per second per rank.
         self.early_train, self.train_per_s = early_train, train_per_s
         self.trained: list[int] = []
-        self.handed_tokens = 0  # prompt and response tokens of the groups last handed to train
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
 
@@ -200,12 +199,16 @@ class StepQueues:
                 self._judged(verdict)
         trainers = [r for r in reports if r.trained]
         if trainers:  # every train rank reports the group's sums: count them once
+            groups = trainers[0].trained["groups"]
+            assert not set(groups) & set(self.trained), f"groups {groups} trained twice"
+            self.trained += groups
             self.early = add_early(self.early, trainers[0].trained)
             seconds = max(r.train_s for r in trainers)
             self.early_train_s += seconds
-            if seconds > 0:  # prompt and response tokens through forward and backward, per rank
-                rate = self.handed_tokens / (seconds * len(trainers))
-                self.train_per_s = 0.5 * self.train_per_s + 0.5 * rate
+            if groups and seconds > 0:  # prompt and response tokens through forward and backward, per rank
+                tokens = sum(len(self.samples[(p, g)].prompt_ids) + len(self.samples[(p, g)].response_ids)
+                             for p in groups for g in range(self.group_size))
+                self.train_per_s = 0.5 * self.train_per_s + 0.5 * tokens / (seconds * len(trainers))
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
 
     def _judged(self, verdict: Verdict) -> None:
@@ -230,20 +233,11 @@ class StepQueues:
         return [p for p in range(len(self.batch)) if p not in self.trained
                 and all((p, g) in self.judged for g in range(self.group_size))]
 
-    def hand_to_train(self, ranks: int, seconds: float) -> list[Sample]:
-        """The samples of the judged groups the train ranks take this round: about `seconds` of work at
-        their measured speed, one group at least, in prompt order."""
-        budget, taken, self.handed_tokens = self.train_per_s * ranks * seconds, [], 0
-        for p in self.ready_groups():
-            group = [self.samples[(p, g)] for g in range(self.group_size)]
-            tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in group)
-            if taken and tokens > budget:
-                break
-            budget -= tokens
-            taken += group
-            self.handed_tokens += tokens
-            self.trained.append(p)
-        return taken
+    def hand_to_train(self) -> list[Sample]:
+        """The samples of every judged group no train rank has had, in prompt order: the train ranks
+        work through them one group at a time until the round ends (`_train`), and report which they
+        trained; the others are handed out again."""
+        return [self.samples[(p, g)] for p in self.ready_groups() for g in range(self.group_size)]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -346,8 +340,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
         report = Report(context.role, exported=exported, shifts=shifted, shift_s=time.perf_counter() - start)
         if orders.train:
             start = time.perf_counter()
-            with timeline.busy("train"):
-                report.trained = context.trainer.accumulate(orders.train)
+            report.trained = _train(context.trainer, orders, timeline, ending)
             report.train_s = time.perf_counter() - start
         if engine is not None:
             engine.add(orders.work)
@@ -405,6 +398,30 @@ def _work(engine, orders: Orders, role: str, rank: int, timeline,
     return finished, steps
 
 
+def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:
+    """Early training: forward and backward over the handed groups, one group at a time, until they are
+    done or the round ends; past its time the train group goes on, as an engine does, until every rank
+    is past its own. Its ranks agree at each group's boundary whether to stop (whichever saw the
+    round's end first), so their collectives pair up. Returns the sums and the groups trained."""
+    groups: dict[int, list[Sample]] = {}
+    for sample in orders.train:
+        groups.setdefault(sample.prompt_index, []).append(sample)
+    limit, start = orders.rounds, time.perf_counter()
+    sums, trained = dict(NO_EARLY), []
+    for prompt, samples in groups.items():
+        stop = False
+        if limit.seconds is not None:
+            if time.perf_counter() - start >= limit.seconds:
+                ending.arrive()
+            stop = (ending.arrived or limit.early) and ending.over()
+        if trainer.agree(stop):
+            break
+        with timeline.busy("train"):
+            sums = add_early(sums, trainer.accumulate(samples))
+        trained.append(prompt)
+    return {**sums, "groups": trained}
+
+
 def _extra_seconds(resumed_steps: list[float], plain_steps: list[float]) -> float:
     """What resuming migrated sequences cost this rank: the time of the engine steps that prefilled
     them beyond a typical first step of a round without such prefills."""
@@ -444,8 +461,6 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)
-    train = []
-    if queues.early_train and "train" in new:
-        train = queues.hand_to_train(new.count("train"), rounds.seconds or queues.timed_round().seconds)
+    train = queues.hand_to_train() if queues.early_train and "train" in new else []
     return [Orders(new, work=work[r], train=train if new[r] == "train" else [], rounds=rounds)
             for r in range(len(new))]

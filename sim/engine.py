@@ -11,18 +11,21 @@ Each step of every placement ends the same way: the rest of its update runs (col
 every slot), the new policy is published to storage, and the rollout engines load it.
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
-starts with orders from rank 0: every slot's role (a shift is collective: every slot waits for the
-longest move; a train group that changes is resharded, with any gradients accumulated early), the
-queued work that fits each engine, shared fairly in rank order, and for pivot's train slots the judged
-groups no train slot has had, about a round's work at their rate, one group at least. Each engine then
+starts with orders from rank 0: every slot's role (a train group that changes is made anew,
+collectively: its state is resharded, with any gradients accumulated early, and every slot waits for
+the longest move; a move between engine roles holds the moving slot alone), the
+queued work that fits each engine, shared fairly in rank order, and for pivot's train slots every
+judged group no train slot has had. Each engine then
 steps at its own pace, its new requests first, in chunks of at most `prefill_chunk_tokens` a step
 (vLLM's chunked prefill), with a batch fixed between two events, so the next event is the next
 sequence to finish. An engine stops for the round when it runs empty, or at its first step boundary
 after the round's limit: none when colocated has nothing queued (its phase ends when its last engine
-empties), else `round_steps` times the median engine step seen in the step, which a slot that runs
-empty after stepping cuts short for every slot (rank 0's store flag, seen `poll_s` / 2 later on
-average). The train slots work through their groups whatever the limit. A slot that has stopped waits
-for the others: the round ends with the last step or group in progress. Then the round's exchange with
+empties), else `round_steps` times the median engine step seen in the step (and at least
+`over_exchange` exchanges), which a slot that runs empty after stepping cuts short for every slot
+(rank 0's store flag, seen `poll_s` / 2 later on average). A slot past the limit with work in hand
+steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
+groups they did not reach. A slot that has stopped waits for the others: the round ends with the last
+step or group in progress. Then the round's exchange with
 rank 0 costs what the cost model says, and only then does rank 0 learn what finished: responses join
 the judge's queue, judged groups become trainable.
 
@@ -50,19 +53,20 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 
 @dataclass(frozen=True)
 class RoundRules:
-    """How pivot_train.py sizes a round (its --round-steps; shifting/scheduler.py's RoundEnd poll and
-    StepQueues.timed_round's step time before any is measured), and two changes to its rounds that the
-    loop does not have, for what-if runs (bench/sim_whatif.py):
+    """How pivot_train.py sizes and ends a round (its --round-steps; shifting/scheduler.py's RoundEnd
+    poll, ROUND_OVER_EXCHANGE and StepQueues.timed_round's step time before any is measured), and two
+    switches that turn its rules off, for what-if runs (bench/sim_whatif.py):
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
-                          every slot has reached it (the loop: it stops and waits for the round's end)
-      shifts_stall_all    a shift holds every slot until the longest move is done (the loop's
-                          collective apply); without it, only the moving slots wait, and they take
-                          work again at the first round after their move"""
+                          every slot has reached it (off: it stops and waits for the round's end)
+      shifts_stall_all    every shift holds every slot until the longest move is done (the loop holds
+                          them all only where the train group changes; a move between engine roles
+                          holds the moving slot alone, which takes work again at the next round)"""
     steps: int = 25
     poll_s: float = 0.01
     first_step_s: float = 0.002
-    step_on: bool = False
-    shifts_stall_all: bool = True
+    over_exchange: int = 20
+    step_on: bool = True
+    shifts_stall_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ class Step:
         self.queue = {"rollout": deque(range(self.n)), "genrm": deque()}
         self.group_left = np.full(self.n // workload.group_size, workload.group_size)
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
-        self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained or handed to train
+        self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
         self.generated = self.judged = 0
         self.steps_seen = deque(maxlen=256)  # (seconds, engine steps): the step's last 256 engine steps
 
@@ -179,8 +183,11 @@ class Simulation:
         self.slots = [Slot(i, role) for i, role in enumerate(roles)]
         self.now, self.events, self.counter = 0.0, [], 0
         # Early training: uncontended seconds the train slots have left of the groups handed this round,
-        # the cores' sharing they work under now, and the version of their scheduled end.
+        # the cores' sharing they work under now, and the version of their scheduled end; the groups
+        # handed (group, tokens, uncontended seconds), and whether the train slots are past their time.
         self.train_left, self.train_share, self.train_version = 0.0, 1.0, 0
+        self.train_groups: list[tuple[int, float, float]] = []
+        self.train_arrived = True
         self.shifts, self.shift_seconds, self.rounds = 0, 0.0, 0
         self.slot_s = dict.fromkeys(STATES, 0.0)
         self.phases = {"rollout": 0.0, "judge_tail": 0.0, "train_tail": 0.0}
@@ -198,6 +205,8 @@ class Simulation:
             step = Step(self.workload, self.rng)
             critical += self._critical_path(step)
             self._step(step)
+            if len(step_seconds) == steps - 1:  # the last step ends with the new policy loaded everywhere
+                self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
             assert step.generated == step.judged == step.n and step.train_done == step.train_ready
             step_seconds.append(self.now - start)
             self.phases["rollout"] += self.rollout_end - start
@@ -221,9 +230,9 @@ class Simulation:
             if step.judged == step.n:
                 break
             roles, rnd = self._orders()
-            self._apply(roles, grads=step.train_done > 0, stall=self.rules.shifts_stall_all)
+            self._apply(roles, grads=step.train_done > 0)
             self._dispatch()
-            self._hand_to_train(rnd)
+            self._hand_to_train()
             if self._round(rnd):
                 self.rounds += 1
                 self._exchange()
@@ -237,7 +246,9 @@ class Simulation:
     def _orders(self) -> tuple[list[str], Round]:
         """Rank 0's plan: every slot's role from now on, and how long the round lasts."""
         roles, step = [s.role for s in self.slots], self.step
-        timed = Round(self.rules.steps * step.median_step_s(self.rules.first_step_s), early=True)
+        exchange = self.model.exchange_seconds(self.placement, len(self.slots))
+        timed = Round(max(self.rules.steps * step.median_step_s(self.rules.first_step_s),
+                          self.rules.over_exchange * exchange), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
             rolling = step.queue["rollout"] or any(s.running for s in self.slots if s.role == "rollout")
             role = "rollout" if rolling else "genrm"
@@ -246,11 +257,12 @@ class Simulation:
             return planner.apply_moves(roles, self._plan()), timed
         return roles, timed
 
-    def _apply(self, roles: list[str], grads: bool, stall: bool) -> None:
-        """The shift to `roles`; collective with `stall`: every slot waits for the longest move. A train group whose
-        members change is made anew: the slots that stay in it reshard their state too, and with
-        `grads` (groups trained early, before the optimizer step) the gradients move through storage
-        with it (shifting/context.py, storage.py TrainState.partial)."""
+    def _apply(self, roles: list[str], grads: bool) -> None:
+        """The shift to `roles`. A train group whose members change is made anew, collectively: the slots
+        that stay in it reshard their state too, with `grads` (groups trained early, before the
+        optimizer step) the gradients move through storage with it (shifting/context.py, storage.py
+        TrainState.partial), and every slot waits for the longest move. A move between engine roles
+        holds the moving slot alone (and every slot, under `shifts_stall_all`)."""
         before = {s.index for s in self.slots if s.role == "train"}
         after = {i for i, role in enumerate(roles) if role == "train"}
         for slot, role in zip(self.slots, roles):
@@ -258,7 +270,7 @@ class Simulation:
         if before and after and before != after:
             for i in before & after:
                 self._reshard(self.slots[i], len(after), grads)
-        if stall:
+        if self.rules.shifts_stall_all or after and before != after:
             self._wait_until(max([self.now] + [s.ready_at for s in self.slots]), state="waiting")
 
     def _dispatch(self) -> None:
@@ -276,28 +288,41 @@ class Simulation:
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
 
-    def _hand_to_train(self, rnd: Round) -> None:
-        """Early training (pivot_train.py: pivot with one minibatch): the judged groups no train slot has
-        had, in prompt order, about a round's work for the train slots at their rate, one at least
-        (StepQueues.hand_to_train). They train them, forward and backward, within the round."""
+    def _hand_to_train(self) -> None:
+        """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot
+        has had, in prompt order (StepQueues.hand_to_train). The train slots work through them until
+        the round ends, stopping at the first group boundary after it (`_cut_training`); the groups
+        they did not reach are handed out again."""
         trainers = sum(s.role == "train" for s in self.slots)
         ready = all(s.ready_at <= self.now for s in self.slots if s.role == "train")  # the group trains together
         if not (self.config and self.config.early_train and self.placement == "pivot" and trainers and ready):
             return
         step, g = self.step, self.step.group_size
         rate = trainers * self.model.train_per_s(trainers)
-        budget, taken = rate * (rnd.seconds or 0.0), 0.0
         for group in np.flatnonzero((step.group_left == 0) & ~step.handed):
             tokens = float(step.tokens(slice(group * g, (group + 1) * g)).sum())
-            if taken and tokens > budget:
-                break
-            budget, taken = budget - tokens, taken + tokens
+            self.train_groups.append((int(group), tokens, tokens / rate))
             step.handed[group] = True
-        step.train_done += taken
-        self.train_left = taken / rate
+        self.train_left = sum(seconds for _, _, seconds in self.train_groups)
+
+    def _cut_training(self) -> None:
+        """The round is over for the train slots: they finish the group in progress, and hand back the
+        groups after it."""
+        done, end, kept = sum(seconds for _, _, seconds in self.train_groups) - self.train_left, 0.0, 0
+        while kept < len(self.train_groups) and end < done - 1e-12:
+            end += self.train_groups[kept][2]
+            kept += 1
+        for group, _, _ in self.train_groups[kept:]:
+            self.step.handed[group] = False
+        self.train_groups = self.train_groups[:kept]
+        self.train_left = max(0.0, end - done)
+        self._retime(None)
+
+    def _all_arrived(self) -> bool:
+        return all(s.arrived for s in self.slots) and (self.train_left == 0 or self.train_arrived)
 
     def _round(self, rnd: Round) -> bool:
-        """The slots work until the round ends; returns whether any engine stepped."""
+        """The slots work until the round ends; returns whether any engine stepped or slot trained."""
         self.round, start = rnd, self.now
         self.events.clear()
         self.round_end = math.inf  # once every slot has arrived (step_on) or one ran empty (early rounds)
@@ -305,19 +330,32 @@ class Simulation:
             s.t, s.stepped, s.version = start, False, s.version + 1
             s.halt = start + rnd.seconds if rnd.seconds is not None else math.inf
             s.stopped = s.arrived = s.role not in ENGINE_ROLES or not s.running
+        self.train_arrived = self.train_left == 0
+        if not self.train_arrived and rnd.seconds is not None:
+            self._push(start + rnd.seconds, -2, 0)  # the train slots' time
         self._retime(None)
         trained = self.train_left > 0
         while self.train_left > 0 or not all(s.stopped for s in self.slots):
             t, _, index, version = heapq.heappop(self.events)
             assert t >= self.now - 1e-9, "the clock ran backwards"
             self._wait_until(t)
-            if index < 0 and version == self.train_version:  # the train slots are through their groups
+            if index == -1 and version == self.train_version:  # the train slots are through their groups
                 self.train_left = 0.0
-                if self.rules.step_on and all(s.arrived for s in self.slots):
+                if self.rules.step_on and self._all_arrived():
                     self._end_round(self.now + self.rules.poll_s / 2)
                 self._retime(None)
+            elif index == -2 and self.train_left > 0:  # past their time: on until every slot is past its own
+                self.train_arrived = True
+                if not self.rules.step_on:
+                    self._cut_training()
+                elif self._all_arrived() and self.round_end == math.inf:
+                    self._end_round(self.now + self.rules.poll_s / 2)
+            elif index == -3 and self.train_left > 0:  # they see the round's end
+                self._cut_training()
             elif index >= 0 and version == self.slots[index].version:
                 self._touch(self.slots[index])
+        self.step.train_done += sum(tokens for _, tokens, _ in self.train_groups)
+        self.train_groups = []
         return trained or any(s.stepped for s in self.slots)
 
     def _exchange(self) -> None:
@@ -353,7 +391,7 @@ class Simulation:
         do not train early), publishing, the rollout engines' reload."""
         everyone = self.placement != "disaggregated"
         if everyone:  # the update waits for its whole group
-            self._apply(["train"] * len(self.slots), grads=step.train_done > 0, stall=True)
+            self._apply(["train"] * len(self.slots), grads=step.train_done > 0)
         trainers = [s for s in self.slots if s.role == "train"]
         left, n = step.train_ready - step.train_done, len(trainers)
         # Nothing else works now: the trainers share the cores among themselves.
@@ -362,7 +400,7 @@ class Simulation:
         self.now = end
         step.train_done = step.train_ready
         if everyone:
-            self._apply(["rollout"] * len(self.slots), grads=False, stall=self.rules.shifts_stall_all)
+            self._apply(["rollout"] * len(self.slots), grads=False)
         else:  # a reload of the new weights, not a change of role; collective like any apply
             for slot in self.slots:
                 if slot.role == "rollout":
@@ -404,23 +442,25 @@ class Simulation:
         if slot.running and self._steps_before_halt(slot) == 0 and self.rules.step_on and not slot.arrived \
                 and self.round_end == math.inf:
             slot.arrived, slot.halt = True, math.inf  # steps on until every slot has arrived
-            if self.train_left == 0 and all(s.arrived for s in self.slots):  # the last to arrive ends the round
+            if self._all_arrived():  # the last to arrive ends the round
                 slot.stopped = True
                 self._end_round(self.now + self.rules.poll_s / 2)
                 return
         elif not slot.running or self._steps_before_halt(slot) == 0:
             slot.stopped = slot.arrived = True
             ends = not slot.running and slot.stepped and self.round.early
-            if ends or self.rules.step_on and self.train_left == 0 and all(s.arrived for s in self.slots):
+            if ends or self.rules.step_on and self._all_arrived():
                 self._end_round(self.now + self.rules.poll_s / 2)  # the others look every poll_s
                 return
         self._retime(slot)
 
     def _end_round(self, seen: float) -> None:
-        """Every slot stops at its first step boundary after `seen`."""
+        """Every slot stops at its first step boundary (or group boundary) after `seen`."""
         self.round_end = min(self.round_end, seen)
         for s in self.slots:
             s.halt = min(s.halt, seen)
+        if self.train_left > 0:
+            self._push(seen, -3, 0)
         self._retime(None)
 
     def _retime(self, touched: Slot | None) -> None:

@@ -130,13 +130,15 @@ def two_slots(model, placement="colocated", rules=RoundRules(), split=None, leng
 
 
 def test_slots_sharing_cores_slow_each_other_down():
+    # Both slots stop at the first round's limit together (no stepping on), so only the cores count.
+    alone = RoundRules(step_on=False)
     # Own devices: rollout ends with the 20-token response, then 5 critique steps.
-    assert two_slots(StepModel()).seconds == pytest.approx(20 + 5)
+    assert two_slots(StepModel(), rules=alone).seconds == pytest.approx(20 + 5)
     # Two cores for two slots: nothing changes.
-    assert two_slots(StepModel(cores=2)).seconds == pytest.approx(20 + 5)
+    assert two_slots(StepModel(cores=2), rules=alone).seconds == pytest.approx(20 + 5)
     # One core: while both work each step takes 2 s; once the short response is done (at 20 s) the long one
     # has 10 steps left alone, at 1 s each; then both judge together, 2 s a step.
-    assert two_slots(StepModel(cores=1)).seconds == pytest.approx(2 * 10 + 10 + 2 * 5)
+    assert two_slots(StepModel(cores=1), rules=alone).seconds == pytest.approx(2 * 10 + 10 + 2 * 5)
 
 
 def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange():
@@ -153,15 +155,15 @@ def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange()
 
 def test_a_slot_past_the_round_limit_waits_for_a_long_step():
     """Disaggregated, one rollout slot and one judge slot whose steps take 30 s: while the long response
-    rolls out, each round lasts the judge's step, and the rollout slot, past its limit of 25 steps
-    (25 x the median step, 1 s), waits 5 s of it with work in hand, in each of the five rounds of the
-    judge's critique; stepping on until every slot reaches the limit (not the loop's rule) leaves only
+    rolls out, each round lasts the judge's step. Stopping at the limit of 25 steps (25 x the median
+    step, 1 s), the rollout slot would wait 5 s of it with work in hand, in each of the five rounds of
+    the judge's critique; stepping on until every slot reaches the limit (the loop's rule) leaves only
     the judge's wait for the rollout slot's step in progress (1 s), in the four rounds that end so."""
     split, lengths = {"rollout": 1, "genrm": 1, "train": 1}, (10, 200)
     model = StepModel(judge_step_s=30.0)
-    held = two_slots(model, "disaggregated", split=split, lengths=lengths)
+    held = two_slots(model, "disaggregated", RoundRules(step_on=False), split=split, lengths=lengths)
     assert held.slot_seconds["waiting"] == pytest.approx(5 * 5)
-    free = two_slots(model, "disaggregated", RoundRules(step_on=True), split=split, lengths=lengths)
+    free = two_slots(model, "disaggregated", split=split, lengths=lengths)
     assert free.slot_seconds["waiting"] == pytest.approx(4 * 1)
     assert free.seconds == pytest.approx(held.seconds - 25)
 
