@@ -1,7 +1,7 @@
 """Which rank held which role when, for the pictures of a run. The timeline only observes: the role
 context tells it of each shift this rank makes (`shifted`), the scheduler and the update mark the
 time this rank works in a role (`busy`). Rank 0 writes every rank's spans to timeline.jsonl and draws
-timeline.png (the run) and timeline_step.png (the step with the most shifts)."""
+timeline.png (the run) and timeline_step.png (the step with the most role changes)."""
 import json
 import time
 from collections import Counter
@@ -64,17 +64,20 @@ class Timeline:
         return {"busy_s": busy}
 
     def draw(self) -> None:
-        """timeline.png, the whole run; timeline_step.png, the step with the most shifts, each shift
-        labelled with the roles it went between."""
+        """timeline.png, the whole run; timeline_step.png, the step after the first with the most role
+        changes (a run with none: the most reloads), each shift labelled with the roles it went
+        between."""
         if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
             return
         spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
         self._draw("timeline.png", spans, "the run", since="the run", origin=0.0)
-        shifts = Counter(s["step"] for s in spans if s["role"] == "shift")
+        moves = [s for s in spans if s["role"] == "shift"]
+        shifts = Counter(s["step"] for s in moves if s["from"] != s["to"]) or Counter(s["step"] for s in moves)
         if shifts:
-            step = max(shifts, key=lambda k: (shifts[k], k))
+            later = [k for k in shifts if k > 0] or list(shifts)  # step 0 also starts the engines and evaluates
+            step = max(later, key=lambda k: (shifts[k], k))
             shown = [s for s in spans if s["step"] == step]
-            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, g genrm, t train)",
+            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} moves (r rollout, g genrm, t train)",
                        since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
 
     def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,
