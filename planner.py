@@ -13,7 +13,8 @@ The model behind a decision (one step of synchronous GRPO, the three roles in a 
            they judge together with the rollout ranks, which come over then (paying the shift).
   train    the update on judged groups: on every rank at the end of the step, and, when the caller
            allows early training, on the train ranks as groups complete (credited only with the
-           groups already judged).
+           groups already judged; charged the reshard into the whole group at the update,
+           `costs[("train", "train")]`, which every rank waits for).
 `finish_seconds` predicts the step's remaining time from that chain. A move of m ranks from one role
 to another is taken only when the time it saves beats (1 + margin) x its cost (the shift, plus the
 prefill of the sequences it migrates), and a rank that moved stays for `dwell` x the cost of its next
@@ -151,6 +152,8 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     # complete near the end, so counting on those still to come would park ranks in train idle.
     left = need - min(need, t * judge, work.train_ready / speeds.train_per_s)
     to_train = costs[("genrm", "train")] * (n - t)
+    if 0 < t < n:  # an early train group is made anew at the update, with every rank: a reshard all wait for
+        to_train += costs.get(("train", "train"), 0.0) * n
     return judge + (left + to_train) / n
 
 

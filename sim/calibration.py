@@ -152,8 +152,9 @@ class CostModel:
         return Speeds(engines["rollout"], engines["genrm"], self.train_per_s(slots))
 
     def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
-        # Into the smallest train group it may form: the dearest such move.
-        return {(a, b): self.shift_seconds(a, b, self.min_train_slots, False) for a in ROLES for b in ROLES if a != b}
+        # Into the smallest train group it may form: the dearest such move; train to train, a reshard.
+        return {(a, b): self.shift_seconds(a, b, self.min_train_slots, False) for a in ROLES for b in ROLES
+                if a != b or a == "train"}
 
 
 class GpuModel(CostModel):

@@ -136,6 +136,19 @@ def test_early_training_only_with_complete_groups_and_a_large_enough_group():
                 PlannerConfig(early_train=True)) == []  # no complete group yet
 
 
+def test_early_training_pays_for_the_reshard_it_forces():
+    # As in the test above, seven judge ranks idle beside one long critique; the early train group is
+    # made anew with all eight at the update, and every rank waits for that reshard.
+    work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=5e6, train_tokens=6e6)
+    config = PlannerConfig(early_train=True, min_train_ranks=4)
+    cheap, dear = {**costs(1.0), ("train", "train"): 1.0}, {**costs(1.0), ("train", "train"): 1e4}
+    assert plan(ranks(*["genrm"] * 8), work, SPEEDS, cheap, config)
+    assert plan(ranks(*["genrm"] * 8), work, SPEEDS, dear, config) == []
+    counts = {"genrm": 4, "train": 4}
+    assert finish_seconds(work, counts, SPEEDS, dear, True) - finish_seconds(work, counts, SPEEDS, cheap, True) \
+        == pytest.approx(1e4 - 1.0)
+
+
 def test_train_ranks_are_credited_only_with_judged_groups():
     # One long critique holds the judge for minutes; one group is judged (1 s of training for one rank)
     # and the rest of the update is still to come. Train ranks would finish that group and wait: no
