@@ -20,8 +20,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from roles.rollout import Sample
 from roles.trainer import PolicyTrainer
+from batches import scored_batch
 from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from storage import ParameterStorage, TrainState
@@ -138,17 +138,6 @@ def self_check(d) -> dict:
     return flagged
 
 
-def batch(prompts: list[list[int]], step: int) -> list[Sample]:
-    gen = torch.Generator().manual_seed(step)
-    samples = []
-    for i, ids in enumerate(prompts):
-        for g in range(2):
-            response = torch.randint(2, 64, (3 + i + g,), generator=gen).tolist()
-            samples.append(Sample(i, g, ids, response, [-3.0] * len(response), "length",
-                                  advantage=1.0 if (i + g + step) % 2 else -1.0))
-    return samples
-
-
 policy_dir, out = sys.argv[1:3]
 d = init_distributed()
 # As on GPU: control messages on a gloo group of their own, tensors on the world's group.
@@ -164,7 +153,7 @@ with HostTensors(d.control) as mode:
     for step, roles in enumerate((["train", "train"], ["genrm", "train"], ["train", "train"])):
         ctx.apply(roles)
         if ctx.trainer is not None:
-            ctx.trainer.train_step([batch(prompts, step)])
+            ctx.trainer.train_step([scored_batch(prompts, step)])
         policy.publish_shards(ctx.trainer.weight_rows() if ctx.trainer is not None else [], version=step + 1)
 result.update(problems=mode.problems, checked=sorted(set(mode.checked)))
 json.dump(result, open(f"{out}/rank{d.rank}.json", "w"))

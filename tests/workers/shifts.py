@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roles.engine import Engine, Request
-from roles.rollout import Sample
 from roles.trainer import PolicyTrainer
+from batches import scored_batch
 from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from storage import ParameterStorage, TrainState, checkpoint_storage
@@ -30,17 +30,6 @@ ctx = RoleContext(d, ["rollout", "rollout"], policy=policy, genrm=genrm, train_s
                   make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper))
 reference = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper)
 prompts = [tok(p).input_ids for p in ("12+34=", "999+1=", "5+5=", "70+8=")]
-
-
-def batch(step: int) -> list[Sample]:
-    gen = torch.Generator().manual_seed(step)
-    samples = []
-    for i, ids in enumerate(prompts):
-        for g in range(2):
-            response = torch.randint(2, 64, (3 + i + g,), generator=gen).tolist()
-            samples.append(Sample(i, g, ids, response, [-3.0] * len(response), "length",
-                                  advantage=1.0 if (i + g + step) % 2 else -1.0))
-    return samples
 
 
 def greedy_agrees(model, prompt_ids: list[int], tokens: list[int], tol: float = 1e-3) -> bool:
@@ -75,8 +64,8 @@ def train_once() -> None:
     a publish of the shifted trainer's weights."""
     global step
     if ctx.role == "train":
-        ctx.trainer.train_step([batch(step)])
-    reference.train_step([batch(step)])
+        ctx.trainer.train_step([scored_batch(prompts, step)])
+    reference.train_step([scored_batch(prompts, step)])
     step += 1
     policy.publish_shards(ctx.trainer.weight_rows() if ctx.role == "train" else [], version=step)
 
