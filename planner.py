@@ -257,7 +257,9 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
     if migrated:
         speed = speeds.rollout if src == "rollout" else speeds.genrm
         prefill = migrated / (speed.prefill_per_s * after[src])
-    return saved - (1 + config.margin) * (costs[(src, dst)] + prefill)
+    # A move into or out of a train group that holds the state saves it, and every rank waits for that.
+    regroup = costs.get(("train", "train"), 0.0) if "train" in (src, dst) and counts["train"] else 0.0
+    return saved - (1 + config.margin) * (costs[(src, dst)] + prefill + regroup)
 
 
 def _counts(ranks: list[Rank]) -> dict[str, int]:

@@ -16,15 +16,18 @@ state, so a migrated sequence comes out token for token as it would have without
 How long a round lasts is the plan's to say (`Rounds`): a placement that cannot change anything
 before every engine has run empty (colocated, with nothing queued) works until then and reports once;
 a planner that may move ranks at any time reports every `round_steps` engine steps' worth of time (and
-at least ROUND_OVER_EXCHANGE exchanges' worth), so the exchange with rank 0 costs a small part of the
-engines' time however fast their steps are (a GPU decode step or a CPU one) and however many ranks
-report; a rank past its time keeps working until every rank is past its own, and a rank whose engine
-runs empty ends the round for all (`RoundEnd`, through the launch's store, no collective);
+at least ROUND_OVER_EXCHANGE exchanges' and ROUND_OVER_LONGEST of the longest recent steps' worth), so
+the exchange with rank 0, and the wait at a round's end for the steps in progress, cost a small part
+of the engines' time however fast their steps are (a GPU decode step or a CPU one) and however many
+ranks report; a rank past its time keeps working until every rank is past its own, and once an eighth
+of the ranks (one at least) have run empty the round ends for all (`RoundEnd`, through the launch's
+store, no collective);
 `--force-shifts` reports after every engine step, so its seeded schedule of moves is the same from
 run to run. What each sample is does not depend on any of this: every request
 carries its own seed and migrates with its sampler's state. Invariant (tested): every prompt yields
 exactly G responses, each judged exactly once, with no generated token lost or repeated.
 """
+import math
 import random
 import statistics
 import time
@@ -43,6 +46,12 @@ from roles.trainer import NO_EARLY, add_early, grpo_advantages
 
 
 ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
+# ... and this many of the longest engine steps seen (a prefill chunk): at its end every rank waits for
+# the steps in progress, a tenth of the round at most
+ROUND_OVER_LONGEST = 10
+# A round ends early once this share of the ranks (one at least) has run empty: every early end stops
+# every rank for an exchange, so among many ranks it waits for enough freed ones to be worth that.
+EMPTY_SHARE = 1 / 8
 
 
 @dataclass(frozen=True)
@@ -58,14 +67,16 @@ class Rounds:
 class RoundEnd:
     """When a timed round ends, agreed without a collective: a counter in the launch's store that every
     rank adds 1 to once it has had its round's time (or has nothing left to do), and that a rank whose
-    engine ran empty raises past the world's size to end the round for every rank (when the plan has
-    other work for it). A rank past its time keeps working until every rank has had its own, looking
-    the counter up between engine steps, at most every `poll_s` (a look-up is a round trip to the
-    store, some 0.1-0.3 ms): so no rank idles while another finishes a long step, a long prefill or a
-    training share, and the exchange comes once all are ready for it."""
+    engine ran empty (when the plan may have other work for it) also adds world size + 1 to: the round
+    ends once every rank has arrived, or once EMPTY_SHARE of the ranks have run empty. A rank past its
+    time keeps working until then, looking the counter up between engine steps, at most every `poll_s`
+    (a look-up is a round trip to the store, some 0.1-0.3 ms): so no rank idles while another finishes a
+    long step, a long prefill or a training share, and the exchange comes once all are ready for it."""
 
     def __init__(self, store, world_size: int, step: int, poll_s: float = 0.01):
         self.store, self.world_size, self.step, self.poll_s = store, world_size, step, poll_s
+        self.empty = world_size + 1  # what a rank run empty adds: arrivals alone never reach it
+        self.enough = max(1, math.ceil(world_size * EMPTY_SHARE))
         self.round, self.last_poll, self.arrived = 0, 0.0, False
 
     def next(self) -> None:
@@ -82,9 +93,10 @@ class RoundEnd:
             self.store.add(self.key, 1)
 
     def end_now(self) -> None:
-        """This rank is free and the plan may have other work for it: every rank stops."""
+        """This rank is free and the plan may have other work for it: with enough such ranks, every rank
+        stops."""
+        self.store.add(self.key, self.empty + (0 if self.arrived else 1))
         self.arrived = True
-        self.store.add(self.key, 2 * self.world_size)
 
     def over(self) -> bool:
         """Whether every rank has arrived or one ended the round (looked up at most every poll_s)."""
@@ -92,7 +104,8 @@ class RoundEnd:
         if now - self.last_poll < self.poll_s:
             return False
         self.last_poll = now
-        return self.store.add(self.key, 0) >= self.world_size
+        count = self.store.add(self.key, 0)
+        return count % self.empty >= self.world_size or count // self.empty >= self.enough
 
     def forget(self) -> None:
         """Rank 0, once every rank has left the round: its key is no longer read."""
@@ -252,10 +265,12 @@ class StepQueues:
 
     def timed_round(self) -> Rounds:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
-        least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few), that a
-        rank whose engine runs empty ends early."""
+        least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
+        ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
         step_s = statistics.median(self.step_seconds) if self.step_seconds else 0.002
-        return Rounds(seconds=max(self.round_steps * step_s, ROUND_OVER_EXCHANGE * self.exchange_s), early=True)
+        longest = max(self.step_seconds, default=0.0)
+        return Rounds(seconds=max(self.round_steps * step_s, ROUND_OVER_EXCHANGE * self.exchange_s,
+                                  ROUND_OVER_LONGEST * longest), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, up to each engine's capacity."""

@@ -21,8 +21,9 @@ steps at its own pace, its new requests first, in chunks of at most `prefill_chu
 sequence to finish. An engine stops for the round when it runs empty, or at its first step boundary
 after the round's limit: none when colocated has nothing queued (its phase ends when its last engine
 empties), else `round_steps` times the median engine step seen in the step (and at least
-`over_exchange` exchanges), which a slot that runs empty after stepping cuts short for every slot
-(rank 0's store flag, seen `poll_s` / 2 later on average). A slot past the limit with work in hand
+`over_exchange` exchanges and `over_longest` of the longest recent steps), which slots that run empty
+after stepping (one in `empty_share`, one at least) cut short for every slot (rank 0's store counter,
+seen `poll_s` / 2 later on average). A slot past the limit with work in hand
 steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
 groups they did not reach. A slot that has stopped waits for the others: the round ends with the last
 step or group in progress. Then the round's exchange with
@@ -54,8 +55,9 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 @dataclass(frozen=True)
 class RoundRules:
     """How pivot_train.py sizes and ends a round (its --round-steps; shifting/scheduler.py's RoundEnd
-    poll, ROUND_OVER_EXCHANGE and StepQueues.timed_round's step time before any is measured), and two
-    switches that turn its rules off, for what-if runs (bench/sim_whatif.py):
+    poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE as 1 / empty_share and
+    StepQueues.timed_round's step time before any is measured), and two switches that turn its rules
+    off, for what-if runs (bench/sim_whatif.py):
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest move is done (the loop holds
@@ -65,6 +67,8 @@ class RoundRules:
     poll_s: float = 0.01
     first_step_s: float = 0.002
     over_exchange: int = 20
+    over_longest: int = 10
+    empty_share: int = 8
     step_on: bool = True
     shifts_stall_all: bool = False
 
@@ -247,8 +251,9 @@ class Simulation:
         """Rank 0's plan: every slot's role from now on, and how long the round lasts."""
         roles, step = [s.role for s in self.slots], self.step
         exchange = self.model.exchange_seconds(self.placement, len(self.slots))
+        longest = max((seconds for seconds, _ in step.steps_seen), default=0.0)
         timed = Round(max(self.rules.steps * step.median_step_s(self.rules.first_step_s),
-                          self.rules.over_exchange * exchange), early=True)
+                          self.rules.over_exchange * exchange, self.rules.over_longest * longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
             rolling = step.queue["rollout"] or any(s.running for s in self.slots if s.role == "rollout")
             role = "rollout" if rolling else "genrm"
@@ -325,7 +330,8 @@ class Simulation:
         """The slots work until the round ends; returns whether any engine stepped or slot trained."""
         self.round, start = rnd, self.now
         self.events.clear()
-        self.round_end = math.inf  # once every slot has arrived (step_on) or one ran empty (early rounds)
+        self.round_end = math.inf  # once every slot has arrived (step_on) or enough ran empty (early rounds)
+        self.emptied = 0
         for s in self.slots:
             s.t, s.stepped, s.version = start, False, s.version + 1
             s.halt = start + rnd.seconds if rnd.seconds is not None else math.inf
@@ -448,7 +454,9 @@ class Simulation:
                 return
         elif not slot.running or self._steps_before_halt(slot) == 0:
             slot.stopped = slot.arrived = True
-            ends = not slot.running and slot.stepped and self.round.early
+            if not slot.running and slot.stepped and self.round.early:
+                self.emptied += 1
+            ends = self.emptied >= max(1, math.ceil(len(self.slots) / self.rules.empty_share))
             if ends or self.rules.step_on and self._all_arrived():
                 self._end_round(self.now + self.rules.poll_s / 2)  # the others look every poll_s
                 return

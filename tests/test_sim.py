@@ -155,17 +155,21 @@ def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange()
 
 def test_a_slot_past_the_round_limit_waits_for_a_long_step():
     """Disaggregated, one rollout slot and one judge slot whose steps take 30 s: while the long response
-    rolls out, each round lasts the judge's step. Stopping at the limit of 25 steps (25 x the median
-    step, 1 s), the rollout slot would wait 5 s of it with work in hand, in each of the five rounds of
-    the judge's critique; stepping on until every slot reaches the limit (the loop's rule) leaves only
-    the judge's wait for the rollout slot's step in progress (1 s), in the four rounds that end so."""
+    rolls out, each round lasts the judge's step. With rounds of 25 x the median step (1 s) alone,
+    stopping at the limit, the rollout slot would wait 5 s of it with work in hand, in each of the five
+    rounds of the judge's critique; stepping on until every slot reaches the limit (the loop's rule)
+    leaves only the judge's wait for the rollout slot's step in progress (1 s), in the four rounds that
+    end so. Rounds of at least 10 of the longest steps (the loop's rule too) outlast the critique: one
+    such wait."""
     split, lengths = {"rollout": 1, "genrm": 1, "train": 1}, (10, 200)
     model = StepModel(judge_step_s=30.0)
-    held = two_slots(model, "disaggregated", RoundRules(step_on=False), split=split, lengths=lengths)
+    held = two_slots(model, "disaggregated", RoundRules(step_on=False, over_longest=0), split=split, lengths=lengths)
     assert held.slot_seconds["waiting"] == pytest.approx(5 * 5)
-    free = two_slots(model, "disaggregated", split=split, lengths=lengths)
+    free = two_slots(model, "disaggregated", RoundRules(over_longest=0), split=split, lengths=lengths)
     assert free.slot_seconds["waiting"] == pytest.approx(4 * 1)
     assert free.seconds == pytest.approx(held.seconds - 25)
+    long = two_slots(model, "disaggregated", split=split, lengths=lengths)
+    assert long.slot_seconds["waiting"] == pytest.approx(1) and long.rounds < free.rounds
 
 
 def test_cpu_path_runs_on_what_the_bench_writes(cal):
