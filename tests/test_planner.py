@@ -149,6 +149,16 @@ def test_early_training_pays_for_the_reshard_it_forces():
         == pytest.approx(1e4 - 1.0)
 
 
+def test_growing_a_train_group_pays_for_the_save_every_rank_waits_for():
+    # One rank trains early beside seven judge ranks that idle by a long critique, with hours of training
+    # ready: more train ranks pay, unless regrouping (the state saved, every rank waiting) costs more.
+    work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=5e7, train_tokens=6e7)
+    config = PlannerConfig(early_train=True, min_train_ranks=1)
+    held = ranks(*["genrm"] * 7, "train")
+    assert {m.dst for m in plan(held, work, SPEEDS, {**costs(1.0), ("train", "train"): 1.0}, config)} == {"train"}
+    assert plan(held, work, SPEEDS, {**costs(1.0), ("train", "train"): 1e3}, config) == []
+
+
 def test_train_ranks_are_credited_only_with_judged_groups():
     # One long critique holds the judge for minutes; one group is judged (1 s of training for one rank)
     # and the rest of the update is still to come. Train ranks would finish that group and wait: no
