@@ -338,8 +338,9 @@ class PolicyTrainer:
             loss, clipped, gap = self._micro_step(chunk or samples[:1], real=bool(chunk))
             # FSDP averages gradients over the group; this scale makes them token-level means.
             (loss * world / total_tokens).backward()
-            sums += sums.new_tensor([loss.item(), clipped, gap[0]])
-            largest = torch.maximum(largest, largest.new_tensor([gap[1]]))
+            # Kept on the device: no host round trip per micro-step.
+            sums += torch.stack([loss.detach(), clipped, gap[0]])
+            largest = torch.maximum(largest, gap[1].reshape(1))
         dist.all_reduce(sums, group=self.group)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
         loss_sum, clipped, gap_sum = sums.tolist()
@@ -410,7 +411,7 @@ class PolicyTrainer:
         loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef,
                              self.clip_ratio_c)
         with torch.no_grad():
-            ratio = torch.exp(logp - batch["old_logp"])
-            clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum().item()
-            gap = (logp - batch["old_logp"]).abs() * mask
-        return loss, clipped, (gap.sum().item(), gap.max().item())
+            delta = logp - batch["old_logp"]
+            clipped = (((torch.exp(delta) - 1).abs() > self.clip_eps).float() * mask).sum()
+            gap = delta.abs() * mask
+        return loss, clipped, (gap.sum(), gap.max())

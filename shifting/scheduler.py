@@ -98,6 +98,16 @@ class RoundEnd:
         self.store.add(self.key, self.empty + (0 if self.arrived else 1))
         self.arrived = True
 
+    def stop(self, limit: Rounds, start: float) -> bool:
+        """Between two pieces of a rank's work in a timed round (engine steps, train groups): arrives once
+        its time is up, and says whether to stop: once it has arrived, or at once in a round that ranks
+        run empty end early, when the round is over."""
+        if limit.seconds is None:
+            return False
+        if time.perf_counter() - start >= limit.seconds:
+            self.arrive()
+        return (self.arrived or limit.early) and self.over()
+
     def over(self) -> bool:
         """Whether every rank has arrived or one ended the round (looked up at most every poll_s)."""
         now = time.perf_counter()
@@ -144,7 +154,7 @@ class Report:
 class Orders:
     roles: list[str]  # every rank's role from now on (the same on every rank)
     work: list[Request] = field(default_factory=list)  # new requests for this rank
-    train: list[Sample] = field(default_factory=list)  # judged groups to train on (every train rank the same)
+    train: list[list[Sample]] = field(default_factory=list)  # judged groups to train on (every train rank the same)
     rounds: Rounds = Rounds()
     done: bool = False
     error: str | None = None
@@ -246,11 +256,11 @@ class StepQueues:
         return [p for p in range(len(self.batch)) if p not in self.trained
                 and all((p, g) in self.judged for g in range(self.group_size))]
 
-    def hand_to_train(self) -> list[Sample]:
-        """The samples of every judged group no train rank has had, in prompt order: the train ranks
-        work through them one group at a time until the round ends (`_train`), and report which they
-        trained; the others are handed out again."""
-        return [self.samples[(p, g)] for p in self.ready_groups() for g in range(self.group_size)]
+    def hand_to_train(self) -> list[list[Sample]]:
+        """Every judged group no train rank has had, in prompt order: the train ranks work through them
+        one at a time until the round ends (`_train`), and report which they trained; the others are
+        handed out again."""
+        return [[self.samples[(p, g)] for g in range(self.group_size)] for p in self.ready_groups()]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -394,11 +404,8 @@ def _work(engine, orders: Orders, role: str, rank: int, timeline,
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
     while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps):
-        if limit.seconds is not None:
-            if time.perf_counter() - start >= limit.seconds:
-                ending.arrive()
-            if (ending.arrived or limit.early) and ending.over():
-                break
+        if ending.stop(limit, start):
+            break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
             finished += engine.step()
@@ -418,22 +425,13 @@ def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:
     done or the round ends; past its time the train group goes on, as an engine does, until every rank
     is past its own. Its ranks agree at each group's boundary whether to stop (whichever saw the
     round's end first), so their collectives pair up. Returns the sums and the groups trained."""
-    groups: dict[int, list[Sample]] = {}
-    for sample in orders.train:
-        groups.setdefault(sample.prompt_index, []).append(sample)
-    limit, start = orders.rounds, time.perf_counter()
-    sums, trained = dict(NO_EARLY), []
-    for prompt, samples in groups.items():
-        stop = False
-        if limit.seconds is not None:
-            if time.perf_counter() - start >= limit.seconds:
-                ending.arrive()
-            stop = (ending.arrived or limit.early) and ending.over()
-        if trainer.agree(stop):
+    start, sums, trained = time.perf_counter(), NO_EARLY, []
+    for group in orders.train:
+        if trainer.agree(ending.stop(orders.rounds, start)):
             break
         with timeline.busy("train"):
-            sums = add_early(sums, trainer.accumulate(samples))
-        trained.append(prompt)
+            sums = add_early(sums, trainer.accumulate(group))
+        trained.append(group[0].prompt_index)
     return {**sums, "groups": trained}
 
 
