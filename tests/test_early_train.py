@@ -15,9 +15,15 @@ def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
         assert r["moved"] > 1e-4  # the step changes the weights, so the gaps below mean something
         # early groups trained on rank 1 alone, carried through storage to both ranks
         assert r["stored_tokens"] == r["early_tokens"] > 0
-        assert r["carried_gap"] < 1e-6
+        # The early groups' gradients are sums in another order: a step linear in the gradients
+        # (tests/workers/batches.py's `well_conditioned`) then moves the weights by a different amount only
+        # to the extent of fp32 rounding, n * 2^-24 for a sum of n terms (Higham, Accuracy and Stability of
+        # Numerical Algorithms, 2nd ed., section 4.2), over the step's positions, per decoder layer and head.
+        layers = json.loads((POLICY / "config.json").read_text())["num_hidden_layers"]
+        bound = (layers + 1) * r["positions"] * 2 ** -24 * r["moved"]
+        assert r["carried_gap"] <= bound
         # early groups trained on the final group itself
-        assert r["in_place_gap"] < 1e-6
+        assert r["in_place_gap"] <= bound
         carried, in_place, whole = r["stats"]
         for stats in (carried, in_place):
             assert stats["tokens"] == whole["tokens"]

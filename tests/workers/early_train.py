@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from batches import well_conditioned
 from roles.rollout import Sample
 from roles.trainer import NO_EARLY, PolicyTrainer, add_early, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
@@ -53,7 +54,14 @@ early_groups = [[0, 1], [3]]  # two rounds of early training
 trained = [p for groups in early_groups for p in groups]
 rest = [s for s in samples if s.prompt_index not in trained]
 
-whole = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper)
+def trainer_for(state: TrainState, group) -> PolicyTrainer:
+    """A trainer whose AdamW is linear in the gradients: the early gradients are sums in another order."""
+    trainer = PolicyTrainer(state, group, d.device, **hyper)
+    well_conditioned(trainer)
+    return trainer
+
+
+whole = trainer_for(TrainState(d, policy_dir, keep_reference=False), d.tensors)
 whole.train_step([samples])
 reference = weights(whole)
 
@@ -71,21 +79,21 @@ shared = [None, None]
 dist.all_gather_object(shared, early)
 early = shared[1]
 stored_tokens = state.stored_grad_tokens()
-final = PolicyTrainer(state, d.tensors, d.device, **hyper)
+final = trainer_for(state, d.tensors)
 stats = final.train_step([rest], early)
 carried = gap(weights(final), reference)
 
 # The early group is the final one: no regroup, the gradients never leave the trainer.
-kept = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False, keep_grads=True), d.tensors, d.device, **hyper)
+kept = trainer_for(TrainState(d, policy_dir, keep_reference=False, keep_grads=True), d.tensors)
 early = NO_EARLY
 for groups in early_groups:
     early = add_early(early, kept.accumulate([s for s in samples if s.prompt_index in groups]))
 kept_stats = kept.train_step([rest], early)
 in_place = gap(weights(kept), reference)
 
-whole_again = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper)
+whole_again = trainer_for(TrainState(d, policy_dir, keep_reference=False), d.tensors)
 whole_stats = whole_again.train_step([samples])
-json.dump({"carried_gap": carried, "in_place_gap": in_place, "stored_tokens": stored_tokens,
+json.dump({"positions": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples), "carried_gap": carried, "in_place_gap": in_place, "stored_tokens": stored_tokens,
            "early_tokens": early["tokens"], "moved": gap(reference, weights(PolicyTrainer(
                TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper))),
            "stats": [stats, kept_stats, whole_stats]}, open(f"{out}/rank{d.rank}.json", "w"))

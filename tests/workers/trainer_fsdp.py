@@ -15,6 +15,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+from batches import well_conditioned
 from roles.rollout import Sample
 from roles.trainer import PolicyTrainer, decoder_layers, micro_batches, pack
 from runtime import init_distributed, shutdown_distributed
@@ -86,16 +87,22 @@ def scored_samples(policy: str) -> list[Sample]:
 
 
 def micro_batching(d, args: list[str]) -> dict:
-    """Per micro-batching: the step's loss and gradient norm, the weights' distance to the first
-    micro-batching's (relative), how far the step moved them, and how often layer 0 ran forward."""
+    """Per micro-batching: the step's loss and gradient norm, each minibatch's gradients (this rank's
+    shard, clipped, as the optimizer sees them) and the weights after the step, as distances relative
+    to the first micro-batching's; how far the step moved the weights, and how often layer 0 ran
+    forward. AdamW is made linear in the gradients (`well_conditioned`)."""
     policy, = args
     samples = scored_samples(policy)
     state = TrainState(d, policy, keep_reference=False)
     initial = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(policy).named_parameters()}
-    first, result = {}, {}
+    first, first_grads, result = {}, {}, {}
     for minibatches in (1, 2):
         for name, config in MICRO_BATCHINGS.items():
             trainer = PolicyTrainer(state, d.tensors, d.device, temperature=1.0, **HYPER, **config)
+            well_conditioned(trainer)
+            grads = []
+            trainer.optimizer.register_step_pre_hook(lambda *_: grads.append(
+                {n: p.grad.to_local().clone() for n, p in trainer.model.named_parameters()}))
             calls = [0]
             # a pre-hook: a recomputation stops once it has what backward needs, before forward hooks
             decoder_layers(trainer.model)[0].register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
@@ -104,9 +111,12 @@ def micro_batching(d, args: list[str]) -> dict:
             stats = trainer.train_step(split)
             weights = dict(trainer.full_weights())
             first.setdefault(minibatches, weights)
+            first_grads.setdefault(minibatches, grads)
             reference = first[minibatches]
             result[f"{minibatches} minibatches, {name}"] = {
                 **stats, "layer0_forwards": calls[0],
+                "grad_gaps": [relative(g, ref) for g, ref in zip(grads, first_grads[minibatches])],
+                "positions": [sum(len(s.prompt_ids) + len(s.response_ids) for s in mb) for mb in split],
                 "micro_steps": [[len(micro_batches(mb[r::d.world_size], config["micro_batch"],
                                                    config.get("micro_batch_tokens", 0))) for r in range(d.world_size)]
                                 for mb in split],
