@@ -4,9 +4,10 @@ TrainState storage: fp32 master weights, AdamW moments, optimizer step) and the 
 A checkpoint is written to a temporary folder, flushed, then renamed, and only then named in LATEST
 (written the same way), so LATEST always names a complete checkpoint and one cut short is never
 resumed from. With it goes what the pivot planner has learned (engine-step fits, shift costs, lengths
-seen). Nothing else needs saving for an exact resume: every sample's seed, the data order and a forced
+seen) and, with --max-staleness K > 0, the K steps generated and judged ahead of the update (pending.json). Nothing else needs saving for an exact resume: every sample's seed, the data order and a forced
 shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
 """
+import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 import faults
+from roles.rollout import Sample
 
 # Bytes per read or write: the state moves between disk and storage with no full copy of it in between.
 _CHUNK = 64 << 20
@@ -23,7 +25,8 @@ _CHUNK = 64 << 20
 SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
-              "force_shifts", "clip_ratio_c", "adam_betas", "workload")
+              "force_shifts", "clip_ratio_c", "adam_betas", "workload", "max_staleness", "rollout_is",
+              "rollout_is_threshold")
 
 
 def latest(out: Path) -> dict | None:
@@ -39,9 +42,12 @@ def differing_flags(saved: dict, args) -> list[str]:
             for k in SAME_FLAGS if saved.get(k) != getattr(args, k)]
 
 
-def save(d, out: Path, steps_done: int, train_state, context, planner: dict | None = None) -> None:
+def save(d, out: Path, steps_done: int, train_state, context, planner: dict | None = None,
+         pending: list[list] | None = None) -> None:
     """Collective. Train ranks still holding their trainer first write its rows to storage; then rank 0
-    writes its node's copy of the state and what the planner has learned (`planner`, rank 0's)."""
+    writes its node's copy of the state, what the planner has learned (`planner`, rank 0's) and, with
+    --max-staleness, the samples of the steps generated and judged whose updates are still to come
+    (`pending`, oldest first)."""
     train_state.save(context.trainer)
     if d.rank == 0:
         root = out / "checkpoints"
@@ -50,6 +56,8 @@ def save(d, out: Path, steps_done: int, train_state, context, planner: dict | No
         tmp.mkdir(parents=True, exist_ok=True)
         _write(tmp / "state.bin", memoryview(train_state.state.buffer.numpy()))
         _write(tmp / "meta.json", json.dumps({"steps_done": steps_done, "planner": planner}).encode())
+        steps = [[dataclasses.asdict(s) for s in step] for step in pending or []]
+        _write(tmp / "pending.json", json.dumps(steps).encode())
         faults.point("checkpoint", d.rank)
         if (root / name).exists():  # renamed by a run killed before naming it in LATEST: never resumed from
             shutil.rmtree(root / name)
@@ -57,6 +65,12 @@ def save(d, out: Path, steps_done: int, train_state, context, planner: dict | No
         _write(root / ".LATEST.tmp", name.encode())
         os.replace(root / ".LATEST.tmp", root / "LATEST")
     dist.barrier(group=d.control)
+
+
+def pending_steps(checkpoint: dict) -> list[list[Sample]]:
+    """The samples of the steps generated before the checkpoint whose updates come after it."""
+    path = checkpoint["folder"] / "pending.json"
+    return [[Sample(**s) for s in step] for step in json.loads(path.read_text())] if path.exists() else []
 
 
 def every_node_sees(d, out: Path, checkpoint: dict | None) -> None:

@@ -4,7 +4,14 @@ Each step: the policy samples G responses for each of P prompts (vLLM); the GenR
 every response and ends it with a verdict, parsed into the reward; a GRPO update of the policy (FSDP2)
 uses group-normalised advantages and the clipped ratio objective against the sampling logprobs; the
 new weights are published to the Global Parameter Storage and every rollout engine loads them before
-the next step. Synchronous and on-policy: step k's samples come from step k's weights.
+the next step. By default synchronous and on-policy: step k's samples come from step k's weights.
+
+With --max-staleness K > 0 the update runs K steps behind the rollout: while step k's prompts are rolled
+out and judged (with the weights of update k - K), the train ranks work through the groups of step k - K
+(all judged), so training overlaps rollout and judging; every sample of update u was sampled by weights
+version u - K (the first K updates: version 0), never older. The update then corrects for it (rollout
+correction, --rollout-is): the ratio is taken against pi_old, the logprobs of the weights the update
+starts from, and each token's loss is weighted by min(pi_old / pi_rollout, --rollout-is-threshold).
 
 Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
   - token-level normalisation: the loss is summed over every response token of a minibatch and divided
@@ -20,7 +27,8 @@ Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300)
     gradient norm is not finite is skipped (counted as `skipped_updates`), and --max-bad-steps of them
     in a row stop the run;
   - with --minibatches N > 1, minibatches after the first are trained on by weights that did not
-    sample them (the clipped ratio bounds how far they move).
+    sample them (the clipped ratio bounds how far they move);
+  - with --max-staleness K > 0, samples K updates old (above), and verl's rollout correction for them.
 
 On CPU, the built-in task (the defaults):
     torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
@@ -38,6 +46,7 @@ import os
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import argparse
+import collections
 import gc
 import json
 import math
@@ -57,7 +66,7 @@ from roles import logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import PolicyTrainer, grpo_advantages
+from roles.trainer import ROLLOUT_IS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from shifting.placement import Placement
@@ -146,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
                         "an engine starts only where its weights, KV cache and this are free")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
+    p.add_argument("--max-staleness", type=int, default=0, metavar="K",
+                   help="the update may train samples that weights up to K versions older sampled: it runs K steps "
+                        "behind the rollout, overlapping it; 0: synchronous on-policy")
+    p.add_argument("--rollout-is", choices=ROLLOUT_IS, default=None,
+                   help="rollout correction: weight each token's loss by the truncated ratio pi_old / pi_rollout "
+                        "per token or per sequence, against pi_old recomputed (default: token with --max-staleness "
+                        "above 0, off at 0)")
+    p.add_argument("--rollout-is-threshold", type=float, default=2.0,
+                   help="the rollout correction's truncation: no weight above it")
     p.add_argument("--round-steps", type=int, default=25,
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
                         "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
@@ -197,6 +215,8 @@ NUMBER_RULES = [
     ("engine_overhead_mb", lambda v: v >= 0, "0 or more (MiB an engine takes on a GPU beyond weights and KV cache)"),
     ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
     ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
+    ("max_staleness", lambda v: v >= 0, "0 or more (updates by which the rollout may run ahead; 0: on-policy)"),
+    ("rollout_is_threshold", lambda v: v > 1, "above 1: the largest importance weight kept (verl uses 2.0)"),
     ("steps", lambda v: v >= 0, "0 or more"),
     ("checkpoint_every", lambda v: v >= 0, "0 or more (0: no checkpoints)"),
     ("seed", lambda v: v >= 0, "0 or more (numpy's seed sequences take no negative seed)"),
@@ -387,7 +407,8 @@ def main(argv=None):
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
                  micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
-                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas))
+                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas),
+                 rollout_is=rollout_correction(args), rollout_is_threshold=args.rollout_is_threshold)
     timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
@@ -399,6 +420,19 @@ def main(argv=None):
     # The engines load the stored version (a resumed run's weights); the first record says so.
     startup = {"startup_shifts": context.apply(placement.start_roles())}
     skipped_in_row = 0
+    # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
+    # the pipeline is full), oldest first.
+    pending = collections.deque(checkpoint.pending_steps(resume) if resume else [])
+
+    def prompts(step: int) -> list[dict]:
+        if step >= args.steps:  # the last K updates: nothing left to roll out
+            return []
+        return [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
+
+    def roll_out(step: int, train_pool: list[Sample] | None):
+        return rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
+                                 version=storage.version, train_pool=train_pool)
+
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
         record, startup = {"step": step, **startup}, {}
@@ -408,25 +442,42 @@ def main(argv=None):
             log_step(d, out, record, board, args.steps)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
-        batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
-        samples, early, generation = rollout_and_judge(d, context, batch, rollout_engine, genrm, placement, step,
-                                                       timeline, args)
-        shifts = generation.pop("shifts") + to_train(context, placement)
-        stats = train_step(context, samples, early, timeline, args, skipped_in_row)
+        shifts = []
+        filling = {}
+        while len(pending) < min(args.max_staleness, args.steps - step):  # the first K steps, before any update
+            filled, _, generation = roll_out(step + len(pending), None)
+            pending.append(filled)
+            shifts += generation.pop("shifts")
+            filling = {key: filling.get(key, 0) + generation[key] for key in FILL_COUNTS}
+        # Update `step` trains step `step`'s samples: at K = 0 those rolled out now; at K > 0 those of K
+        # steps ago, through this step's rounds, while step + K is rolled out and judged.
+        pool = pending.popleft() if args.max_staleness else None
+        samples, early, generation = roll_out(step + args.max_staleness, pool)
+        if pool is None:
+            trained = samples
+        else:
+            trained = pool
+            if samples:
+                pending.append(samples)
+        record.update(staleness_metrics(trained, step, args.max_staleness))
+        shifts += generation.pop("shifts") + to_train(context, placement)
+        stats = train_step(context, trained, early, timeline, args, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
-        placement.learn(samples, shifts, stats)
-        record.update(step_metrics(samples, stats, time.perf_counter() - begin, args))
+        placement.learn(samples or trained, shifts, stats)
+        record.update(step_metrics(trained, stats, time.perf_counter() - begin, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
+        for key, value in filling.items():  # the first update's record also counts the steps rolled out before it
+            record[key] += value
         record.update(timeline.close_step())
         # Bytes and seconds of the storage's publishes since the last record (weights, training-state saves,
         # gradients carried from an early train group).
         record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
         log_step(d, out, record, board, args.steps)
-        log_samples(d, out, step, samples)
+        log_samples(d, out, step, trained)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
-            checkpoint.save(d, out, step + 1, train_state, context, placement.state())
+            checkpoint.save(d, out, step + 1, train_state, context, placement.state(), list(pending))
 
     timeline.draw()
     if d.rank == 0:
@@ -439,11 +490,26 @@ def main(argv=None):
     shutdown_distributed(d)
 
 
-def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args):
-    """Collective: the step's samples, scored, in (prompt, sample) order on every rank, and what the
-    step's rollout and judging took (shifts, migrations, rounds, the judge's first-try parse failures)."""
-    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=placement.early_train,
-                        train_per_s=placement.train_per_s) if d.rank == 0 else None
+# What the steps rolled out before the first update (--max-staleness K > 0) add to its record.
+FILL_COUNTS = ("genrm_requests", "genrm_parse_failures", "migrated_sequences", "migration_prefill_tokens",
+               "rollout_judge_s", "rounds")
+
+
+def rollout_correction(args) -> str:
+    """--rollout-is, or its default: on (per token) for samples older weights generated, off at K = 0."""
+    return args.rollout_is or ("token" if args.max_staleness else "off")
+
+
+def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args, *,
+                      version: int, train_pool: list[Sample] | None = None):
+    """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each marked with
+    the weights' `version` that sampled it, and what the step's rollout and judging took (shifts,
+    migrations, rounds, the judge's first-try parse failures). With a `train_pool` (an earlier step's
+    scored samples) the train ranks work through its groups meanwhile (early training)."""
+    # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
+    early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
+    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
+                        train_per_s=placement.train_per_s, train_pool=train_pool) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
                                          genrm=genrm, capacity=args.max_seqs,
@@ -456,6 +522,8 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
                queues.train_per_s) if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
     failures, judged, migrated, engines, placement.train_per_s = counts[0]
+    for s in samples:
+        s.version = version
     # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and the
     # plan: the rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]
@@ -463,6 +531,16 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
                      "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                      "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
                      "genrm_parse_failures": failures, "genrm_requests": judged, **engines}
+
+
+def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
+    """How many versions older than the update's own weights (`update`) sampled its samples, counted per
+    lag; samples beyond the bound would mean the pipeline is broken, and stop the run."""
+    lags = collections.Counter(update - s.version for s in samples)
+    if max(lags) > bound or min(lags) < 0:
+        raise SystemExit(f"update {update}: samples of weights versions {sorted(update - lag for lag in lags)} "
+                         f"break --max-staleness {bound}")
+    return {"staleness": {str(lag): n for lag, n in sorted(lags.items())}}
 
 
 def to_train(context: RoleContext, placement: Placement) -> list[dict]:

@@ -345,8 +345,9 @@ class LoopPlanner:
     rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here).
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["genrm"]` (Requests:
-    prompt_ids, generated, max_tokens), `batch`, `expected`, `samples` (finished responses), `judged`,
-    `trained` (groups trained early), `round_s` (the last round's seconds) and `reports`, the last
+    prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
+    in all), `train_pool` (None unless the update trains an earlier step's samples), `round_s` (the last
+    round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
     request has generated), `in_flight_tokens` (prompt + generated tokens of those requests) and
     `steps` (the round's engine steps as (sequences, seconds, prefill tokens)).
@@ -402,13 +403,10 @@ class LoopPlanner:
         judging = [g for role, g in running if role == "genrm"]
         prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
         response = self.lengths.mean()
-        # Groups trained early already are no longer work.
-        trained = set(queues.trained)
-        done_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for (p, _), s in queues.samples.items()
-                          if p not in trained)
-        group = queues.expected // len(queues.batch)
-        complete = [p for p in range(len(queues.batch)) if p not in trained
-                    and all((p, i) in queues.judged for i in range(group))]
+        # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
+        # an earlier step's, all judged, and this step's responses still to come are not its work.
+        ready, done_tokens = queues.train_tokens()
+        coming = len(rolling) if queues.train_pool is None else 0
         return Work(
             rollout_seqs=len(rolling),
             rollout_tokens=float(self.lengths.remaining(rolling).sum()) if rolling else 0.0,
@@ -422,7 +420,6 @@ class LoopPlanner:
             judge_prefill=sum(len(r.prompt_ids) for r in queues.queue["genrm"]),
             critique_tokens=self.critiques.mean(),
             judge_prompt_tokens=prompt + response,
-            train_ready=sum(len(s.prompt_ids) + len(s.response_ids) for (p, _), s in queues.samples.items()
-                            if p in complete),
-            train_tokens=done_tokens + len(rolling) * (prompt + response),
+            train_ready=ready,
+            train_tokens=done_tokens + coming * (prompt + response),
         )

@@ -26,6 +26,8 @@ class Sample:
     prefill_tokens: int = 0  # prefilled again because the sequence migrated
     critique_tokens: int = 0
     judge_prompt_tokens: int = 0  # the judge's prompt: its template filled with the prompt and response
+    version: int = 0  # the policy weights' version that sampled every one of its tokens
+    pi_old: list[float] | None = None  # rollout correction: logprobs of the weights an update starts from
 
     @property
     def key(self) -> tuple[int, int]:

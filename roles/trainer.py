@@ -7,6 +7,12 @@ token of the step and divided by that token count (token-level normalisation), p
 penalty to a frozen reference policy. As in verl, the log-ratio is clamped before exp and a dual clip
 bounds the loss of tokens with a negative advantage; an optimizer step whose gradient norm is not
 finite is skipped.
+
+Rollout correction (`rollout_is`, for samples that older weights generated: --max-staleness K > 0): the
+ratio is taken against pi_old, the logprobs of the weights the update starts from, recomputed here, and
+each token's loss is weighted by the truncated importance ratio min(pi_old / pi_rollout, C) (verl's
+decoupled objective: `verl/trainer/ppo/rollout_corr_helper.py` and `docs/algo/rollout_corr_math.md` in
+volcengine/verl).
 """
 import types
 
@@ -37,11 +43,12 @@ LOG_RATIO_BOUND = 20.0
 
 def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
-                  clip_ratio_c: float = 0.0) -> torch.Tensor:
+                  clip_ratio_c: float = 0.0, is_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Sum over masked tokens of the per-token GRPO loss; the caller divides by the token count.
 
-    logp, old_logp, mask, ref_logp: [batch, T]; advantages: [batch] (broadcast over tokens).
-    `clip_ratio_c` > 1 turns on the dual clip for negative advantages; 0 leaves it off."""
+    logp, old_logp, mask, ref_logp, is_weights: [batch, T]; advantages: [batch] (broadcast over tokens).
+    `clip_ratio_c` > 1 turns on the dual clip for negative advantages; 0 leaves it off. `is_weights`
+    (rollout correction) scale each token's policy loss, not its KL term, as verl's do."""
     adv = advantages[:, None]
     # Clamped as verl's compute_policy_loss does: an unbounded ratio overflows to inf, and where the
     # clipped term wins the unclipped one's gradient is then 0 * inf = NaN.
@@ -51,10 +58,28 @@ def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
         # Dual clip (Ye et al. 2020, arXiv:1912.09729; verl's clip_ratio_c): with a negative advantage the
         # loss is at most -clip_ratio_c * A, so a token whose ratio has run far past 1 stops pulling.
         per_token = torch.where(adv < 0, torch.minimum(per_token, -clip_ratio_c * adv), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights
     if ref_logp is not None and kl_coef > 0:
         delta = ref_logp - logp
         per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1)
     return (per_token * mask).sum()
+
+
+ROLLOUT_IS = ("off", "token", "sequence")
+
+
+def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, level: str,
+                       threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance weights of the rollout correction, and where the truncation bit (both
+    [batch, T], zero off the mask): per token min(pi_old / pi_rollout, threshold); per sequence
+    min(prod over its tokens of pi_old / pi_rollout, threshold) on each of its tokens. Log-ratios are
+    clamped to +-LOG_RATIO_BOUND before exp, as the loss's are."""
+    log_ratio = (old_logp - rollout_logp) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    return torch.clamp(ratio, max=threshold) * mask, (ratio > threshold).float() * mask
 
 
 # fp32 logits of at most this many bytes exist at once: a chunk of response positions at a time.
@@ -115,14 +140,19 @@ def pack(samples, device) -> dict[str, torch.Tensor]:
     attention = torch.zeros(len(samples), T, dtype=torch.long)
     mask = torch.zeros(len(samples), T - 1)
     old = torch.zeros(len(samples), T - 1)
+    pi_old = torch.zeros(len(samples), T - 1) if all(s.pi_old for s in samples) else None
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         ids[i, :p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[i, :p + r] = 1
         mask[i, p - 1:p - 1 + r] = 1
         old[i, p - 1:p - 1 + r] = torch.tensor(s.logprobs)
-    return {k: v.to(device) for k, v in
-            dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old).items()}
+        if pi_old is not None:
+            pi_old[i, p - 1:p - 1 + r] = torch.tensor(s.pi_old)
+    packed = dict(input_ids=ids, attention_mask=attention, mask=mask, old_logp=old)
+    if pi_old is not None:
+        packed["pi_old"] = pi_old
+    return {k: v.to(device) for k, v in packed.items()}
 
 
 def micro_batches(samples: list, max_samples: int, max_tokens: int = 0) -> list[list]:
@@ -142,13 +172,16 @@ def micro_batches(samples: list, max_samples: int, max_tokens: int = 0) -> list[
     return batches
 
 
-# What early training adds up over a step (PolicyTrainer.accumulate's sums): nothing yet.
-NO_EARLY = {"loss_sum": 0.0, "clipped": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "tokens": 0}
+# What early training adds up over a step (PolicyTrainer.accumulate's sums): nothing yet. `is_*`: the
+# rollout correction's weights (sum, tokens truncated, largest).
+NO_EARLY = {"loss_sum": 0.0, "clipped": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "is_sum": 0.0, "is_truncated": 0.0,
+            "is_max": 0.0, "tokens": 0}
+_MAXIMA = ("gap_max", "is_max")
 
 
 def add_early(total: dict, more: dict) -> dict:
-    """Two sets of early-training sums as one (the logprob gap's maximum is a maximum)."""
-    return {key: max(total[key], more[key]) if key == "gap_max" else total[key] + more[key] for key in NO_EARLY}
+    """Two sets of early-training sums as one (the maxima are maxima)."""
+    return {key: max(total[key], more[key]) if key in _MAXIMA else total[key] + more[key] for key in NO_EARLY}
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -174,8 +207,10 @@ class PolicyTrainer:
                  weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
                  temperature: float, micro_batch: int, micro_batch_tokens: int = 0,
                  activation_checkpointing: bool = False, clip_ratio_c: float = 3.0,
-                 adam_betas: tuple[float, float] = (0.9, 0.99)):
+                 adam_betas: tuple[float, float] = (0.9, 0.99), rollout_is: str = "off",
+                 rollout_is_threshold: float = 2.0):
         self.state, self.group, self.device = state, group, device
+        self.rollout_is, self.rollout_is_threshold = rollout_is, rollout_is_threshold
         self.clip_eps, self.clip_ratio_c, self.kl_coef, self.temperature = clip_eps, clip_ratio_c, kl_coef, temperature
         self.grad_clip, self.micro_batch, self.micro_batch_tokens = grad_clip, micro_batch, micro_batch_tokens
         self.activation_checkpointing = activation_checkpointing
@@ -331,20 +366,22 @@ class PolicyTrainer:
         # holds the whole of `samples`, so each knows every rank's share without asking.
         shares = [micro_batches(samples[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
         mine, micro_steps = shares[rank], max(len(share) for share in shares)
-        sums = torch.zeros(3, device=self.device)  # loss, clipped tokens, logprob gap
-        largest = torch.zeros(1, device=self.device)
+        sums = torch.zeros(5, device=self.device)  # loss, clipped tokens, logprob gap, IS weights, truncated
+        largest = torch.zeros(2, device=self.device)  # logprob gap, IS weight
         for i in range(micro_steps):
             chunk = mine[i] if i < len(mine) else []
-            loss, clipped, gap = self._micro_step(chunk or samples[:1], real=bool(chunk))
+            loss, counts, maxima = self._micro_step(chunk or samples[:1], real=bool(chunk))
             # FSDP averages gradients over the group; this scale makes them token-level means.
             (loss * world / total_tokens).backward()
             # Kept on the device: no host round trip per micro-step.
-            sums += torch.stack([loss.detach(), clipped, gap[0]])
-            largest = torch.maximum(largest, gap[1].reshape(1))
+            sums += torch.cat([loss.detach().reshape(1), counts])
+            largest = torch.maximum(largest, maxima)
         dist.all_reduce(sums, group=self.group)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
-        loss_sum, clipped, gap_sum = sums.tolist()
-        return {"loss_sum": loss_sum, "clipped": clipped, "gap_sum": gap_sum, "gap_max": largest.item()}
+        loss_sum, clipped, gap_sum, is_sum, is_truncated = sums.tolist()
+        gap_max, is_max = largest.tolist()
+        return {"loss_sum": loss_sum, "clipped": clipped, "gap_sum": gap_sum, "gap_max": gap_max,
+                "is_sum": is_sum, "is_truncated": is_truncated, "is_max": is_max}
 
     def train_step(self, minibatches: list[list], early: dict | None = None, skipped_in_row: int = 0) -> dict:
         """One optimizer step per minibatch. Every train rank is handed the same global minibatches
@@ -358,6 +395,8 @@ class PolicyTrainer:
         the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
+        if self.rollout_is != "off" and len(minibatches) > 1:
+            self._keep_pi_old(minibatches)
         for index, mb in enumerate(minibatches):
             carried = early if index == 0 and early else NO_EARLY
             assert carried["tokens"] == (self.accumulated if index == 0 else 0), "early gradients out of step"
@@ -385,6 +424,11 @@ class PolicyTrainer:
             if index == 0:  # mean and max over the response tokens of |trainer logprob - sampling logprob|
                 stats["logprob_gap_mean"] = (sums["gap_sum"] + carried["gap_sum"]) / max(total_tokens, 1)
                 stats["logprob_gap_max"] = max(sums["gap_max"], carried["gap_max"])
+                if self.rollout_is != "off":  # the correction's weights over the same tokens
+                    stats["rollout_is_mean"] = (sums["is_sum"] + carried["is_sum"]) / max(total_tokens, 1)
+                    stats["rollout_is_max"] = max(sums["is_max"], carried["is_max"])
+                    stats["rollout_is_truncated"] = ((sums["is_truncated"] + carried["is_truncated"])
+                                                     / max(total_tokens, 1))
             stats["loss"] += (sums["loss_sum"] + carried["loss_sum"]) / max(total_tokens, 1) / len(minibatches)
             stats["clip_frac"] += (sums["clipped"] + carried["clipped"]) / max(total_tokens, 1) / len(minibatches)
             stats["grad_norm"] += grad_norm.item() / len(minibatches)
@@ -392,14 +436,31 @@ class PolicyTrainer:
         stats["skipped_in_row"] = skipped_in_row
         return stats
 
+    def _keep_pi_old(self, minibatches: list[list]) -> None:
+        """Rollout correction over several minibatches: pi_old, the logprobs of the weights the update
+        starts from, of every sample in this rank's shares, before the first optimizer step moves them
+        (one minibatch needs no such pass: its forward is at those weights)."""
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        with torch.no_grad():
+            for mb in minibatches:
+                shares = [micro_batches(mb[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
+                for i in range(max(len(share) for share in shares)):  # FSDP's collectives pair up across ranks
+                    chunk = shares[rank][i] if i < len(shares[rank]) else mb[:1]
+                    batch = pack(chunk, self.device)
+                    logp = self.logprobs(self.model, batch)
+                    for row, s in enumerate(chunk):
+                        p = len(s.prompt_ids)
+                        s.pi_old = logp[row, p - 1:p - 1 + len(s.response_ids)].tolist()
+
     def logprobs(self, model, batch: dict) -> torch.Tensor:
         """Logprobs of `batch`'s response tokens under `model` (the policy or the reference)."""
         return model.response_logprobs(batch["input_ids"], batch["attention_mask"], batch["mask"],
                                        self.temperature)
 
     def _micro_step(self, chunk, real: bool):
-        """Loss sum, clipped-token count and (sum, max) of the logprob gap to the sampling logprobs over
-        the response tokens of `chunk`; a stand-in chunk (real=False) counts nothing."""
+        """Over the response tokens of `chunk`: the loss sum; the clipped-token count, the logprob gap's
+        sum (trainer against sampling logprobs), the rollout correction's weights' sum and truncated
+        tokens; the gap's and the weights' maxima. A stand-in chunk (real=False) counts nothing."""
         batch = pack(chunk, self.device)
         mask = batch["mask"] if real else torch.zeros_like(batch["mask"])
         logp = self.logprobs(self.model, batch)
@@ -408,10 +469,18 @@ class PolicyTrainer:
             with torch.no_grad():
                 ref = self.logprobs(self.reference, batch)
         advantages = torch.tensor([s.advantage for s in chunk], device=self.device, dtype=logp.dtype)
-        loss = grpo_loss_sum(logp, batch["old_logp"], advantages, mask, self.clip_eps, ref, self.kl_coef,
-                             self.clip_ratio_c)
+        old, weights = batch["old_logp"], None
+        zero = torch.zeros((), device=self.device)
+        is_sum = is_truncated = is_max = zero
+        if self.rollout_is != "off":
+            old = batch["pi_old"] if "pi_old" in batch else logp.detach()
+            weights, truncated = rollout_is_weights(old, batch["old_logp"], mask, self.rollout_is,
+                                                    self.rollout_is_threshold)
+            is_sum, is_truncated, is_max = weights.sum(), truncated.sum(), weights.max()
+        loss = grpo_loss_sum(logp, old, advantages, mask, self.clip_eps, ref, self.kl_coef, self.clip_ratio_c,
+                             weights)
         with torch.no_grad():
-            delta = logp - batch["old_logp"]
-            clipped = (((torch.exp(delta) - 1).abs() > self.clip_eps).float() * mask).sum()
-            gap = delta.abs() * mask
-        return loss, clipped, (gap.sum(), gap.max())
+            clipped = (((torch.exp(logp - old) - 1).abs() > self.clip_eps).float() * mask).sum()
+            gap = (logp - batch["old_logp"]).abs() * mask
+        return (loss, torch.stack([clipped, gap.sum(), is_sum, is_truncated]).detach(),
+                torch.stack([gap.max(), is_max]).detach())

@@ -20,7 +20,10 @@ class Placement:
         # Early training: the planner may move ranks to train on judged groups while the step still
         # rolls out and judges; the optimizer steps once every group is in, so the update is the same.
         # One minibatch only: a later minibatch's gradients need the weights its predecessor updates.
-        self.early_train = args.placement == "pivot" and args.force_shifts is None and args.minibatches == 1
+        # With --max-staleness > 0 the groups are an earlier step's, so a fixed split's train ranks too
+        # work through them while the others roll out and judge.
+        overlaps = args.placement == "pivot" or (args.placement == "disaggregated" and args.max_staleness > 0)
+        self.early_train = overlaps and args.force_shifts is None and args.minibatches == 1
         # Prompt and response tokens per second per train rank through forward and backward: a prior
         # (about what the built-in task's models train at here) that each step's measurements replace.
         self.train_per_s = 2e3

@@ -26,6 +26,10 @@ store, no collective);
 run to run. What each sample is does not depend on any of this: every request
 carries its own seed and migrates with its sampler's state. Invariant (tested): every prompt yields
 exactly G responses, each judged exactly once, with no generated token lost or repeated.
+
+With --max-staleness K > 0 the groups the train ranks work through are not this step's but those of
+the step K earlier (`train_pool`: generated and judged already, all ready at the step's start), so
+training overlaps rollout and judging; without K they are this step's, as each is judged.
 """
 import math
 import random
@@ -165,7 +169,7 @@ class StepQueues:
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
     def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
-                 train_per_s: float = 1e4):
+                 train_per_s: float = 1e4, train_pool: list[Sample] | None = None):
         self.batch, self.step, self.group_size = batch, step, args.group_size
         self.queue = {"rollout": deque(RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
@@ -191,6 +195,9 @@ class StepQueues:
         # Early training: the judged groups the train ranks have trained on (prompt indices), what they
         # summed, and their measured prompt and response tokens per second per rank.
         self.early_train, self.train_per_s = early_train, train_per_s
+        # The scored samples of an earlier step that this step's update trains on (--max-staleness > 0),
+        # by key; None: this step's own.
+        self.train_pool = None if train_pool is None else {s.key: s for s in train_pool}
         self.trained: list[int] = []
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
@@ -229,7 +236,8 @@ class StepQueues:
             seconds = max(r.train_s for r in trainers)
             self.early_train_s += seconds
             if groups and seconds > 0:  # prompt and response tokens through forward and backward, per rank
-                tokens = sum(len(self.samples[(p, g)].prompt_ids) + len(self.samples[(p, g)].response_ids)
+                pool = self.train_samples()
+                tokens = sum(len(pool[(p, g)].prompt_ids) + len(pool[(p, g)].response_ids)
                              for p in groups for g in range(self.group_size))
                 self.train_per_s = 0.5 * self.train_per_s + 0.5 * tokens / (seconds * len(trainers))
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
@@ -251,16 +259,31 @@ class StepQueues:
             for s, a in zip(group, advantages):
                 s.advantage = a
 
+    def train_samples(self) -> dict[tuple[int, int], Sample]:
+        """The samples this step's update trains on, by key: the train pool's, or this step's so far."""
+        return self.samples if self.train_pool is None else self.train_pool
+
     def ready_groups(self) -> list[int]:
-        """Judged groups no train rank has had, in prompt order."""
+        """Judged groups of the update no train rank has had, in prompt order."""
+        if self.train_pool is not None:
+            return sorted({p for p, _ in self.train_pool} - set(self.trained))
         return [p for p in range(len(self.batch)) if p not in self.trained
                 and all((p, g) in self.judged for g in range(self.group_size))]
 
+    def train_tokens(self) -> tuple[int, int]:
+        """Prompt and response tokens of the update's groups not trained yet: of those judged (ready now),
+        and of those sampled so far (judged or not; the pool's are all judged)."""
+        trained, ready = set(self.trained), set(self.ready_groups())
+        tokens = [(p, len(s.prompt_ids) + len(s.response_ids)) for (p, _), s in self.train_samples().items()
+                  if p not in trained]
+        return sum(n for p, n in tokens if p in ready), sum(n for _, n in tokens)
+
     def hand_to_train(self) -> list[list[Sample]]:
-        """Every judged group no train rank has had, in prompt order: the train ranks work through them
-        one at a time until the round ends (`_train`), and report which they trained; the others are
-        handed out again."""
-        return [[self.samples[(p, g)] for g in range(self.group_size)] for p in self.ready_groups()]
+        """Every judged group of the update no train rank has had, in prompt order: the train ranks work
+        through them one at a time until the round ends (`_train`), and report which they trained; the
+        others are handed out again."""
+        pool = self.train_samples()
+        return [[pool[(p, g)] for g in range(self.group_size)] for p in self.ready_groups()]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""

@@ -235,7 +235,7 @@ def test_loop_adapter_reads_step_queues():
         steps=[(len(generated), seconds, 0)] if generated else [])
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
-        batch=[{"prompt_ids": [0] * 10}] * 2, expected=4, judged=set(), samples={}, trained=[],
+        batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None,
         queue={"rollout": [], "genrm": [request(50)] * 400}, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("genrm", [5, 9], 0.05)])
