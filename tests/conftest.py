@@ -24,6 +24,12 @@ PLACEMENTS = {
     "pivot": (["--placement", "pivot"], 2),
     "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
     "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"], 3),
+    # --max-staleness: the update K steps behind the rollout (tests/test_staleness.py)
+    "colocated-k1": (["--max-staleness", 1], 2),
+    "forced-k1": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 1], 2),
+    "pivot-k2": (["--placement", "pivot", "--max-staleness", 2], 2),
+    "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
+                          "--max-staleness", 2], 3),
 }
 # vLLM warns of a VLLM_ variable it does not know, from the logger of a warning that roles/logs.py leaves
 # out: a real warning, which a run's console must still show. OMP_NUM_THREADS set keeps torchrun's own note
@@ -85,6 +91,13 @@ def small_run(out, placement, *, steps=SMALL_STEPS, nodes=1, **kw):
     if nodes == 1:
         return torchrun(ROOT / "pivot_train.py", *args, nproc=nproc, **kw)
     return torchrun_nodes(ROOT / "pivot_train.py", *args, nodes=nodes, nproc=nproc // nodes, **kw)
+
+
+def restarted(proc) -> str:
+    """The line a run restarted after a kill printed on taking up the run (proof that the kill happened)."""
+    lines = [line for line in proc.stdout.splitlines() if "resuming from" in line or "starting over" in line]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    return lines[0]
 
 
 def metrics(out):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, SMALL_STEPS, same_run, small_run
+from conftest import ROOT, SMALL_STEPS, restarted, same_run, small_run
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +26,6 @@ KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "genrm", 30), ("coloc
 KILL_PARAMS = [pytest.param(placement, spec, id=f"{placement}-{spec}")
                for placement, rank, point, passes in KILLS
                for spec in [f"{rank}:{point}:{_pick.randint(1, passes)}"]]
-
-
-def restarted(proc) -> str:
-    """The line the restarted run printed on taking up the run (proof that the kill happened)."""
-    lines = [line for line in proc.stdout.splitlines() if "resuming from" in line or "starting over" in line]
-    assert len(lines) == 1, proc.stdout[-3000:]
-    return lines[0]
 
 
 def test_stop_and_run_again(uninterrupted, tmp_path):
