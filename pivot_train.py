@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 import checkpoint
+import export
 import faults
 import report
 from planner import parse_split
@@ -426,8 +427,11 @@ def main(argv=None):
         log_samples(d, out, step, samples)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
-            checkpoint.save(d, out, step + 1, train_state, context, placement.state())
+            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state())
 
+    # The trained policy as a Hugging Face directory, from the state the last update left in storage.
+    train_state.save(context.trainer)
+    export.write_model(d, train_state, args.policy, out / "model")
     timeline.draw()
     if d.rank == 0:
         board.close()
