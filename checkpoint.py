@@ -25,7 +25,8 @@ _CHUNK = 64 << 20
 SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
-              "force_shifts", "clip_ratio_c", "adam_betas", "workload")
+              "force_shifts", "clip_ratio_c", "adam_betas", "workload", "clip_eps_high", "lr_warmup_steps",
+              "loss_agg")
 
 
 def latest(out: Path) -> dict | None:

@@ -9,6 +9,12 @@ the next step. Synchronous and on-policy: step k's samples come from step k's we
 Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
   - token-level normalisation: the loss is summed over every response token of a minibatch and divided
     by their count, not averaged per response and then over responses (long responses weigh more);
+    --loss-agg seq-mean-token-mean is the textbook mean of response means, seq-mean-token-sum the mean
+    of response sums (verl's loss_agg_mode names; early training keeps each exact);
+  - the ratio is clipped to [1 - --clip-eps, 1 + --clip-eps-high] (default: --clip-eps; DAPO's
+    clip-higher, arXiv:2503.14476, uses 0.2 and 0.28);
+  - the learning rate is constant, or warms up linearly over the first --lr-warmup-steps optimizer
+    steps (lr / N at the first);
   - the ratio is taken against the engine's sampling logprobs (vLLM's, at the sampling temperature),
     not against logprobs the trainer recomputes; `logprob_gap_mean`/`_max` in the metrics say how far
     apart the two are;
@@ -58,7 +64,7 @@ from roles import logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import PolicyTrainer, grpo_advantages
+from roles.trainer import LOSS_AGGS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from shifting.placement import Placement
@@ -114,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--clip-eps-high", type=float, default=None,
+                   help="the ratio's upper clip is 1 + this (DAPO's clip-higher, e.g. 0.28); default: --clip-eps")
+    p.add_argument("--lr-warmup-steps", type=int, default=0,
+                   help="warm the learning rate up linearly over this many optimizer steps (lr / N at the "
+                        "first); 0: constant")
+    p.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
+                   help="how a minibatch's token losses are averaged (verl's loss_agg_mode): over all its "
+                        "response tokens, each response's mean then over responses, or each response's sum "
+                        "then over responses")
     p.add_argument("--clip-ratio-c", type=float, default=3.0,
                    help="dual clip: with a negative advantage A the token loss is at most -C*A (verl's "
                         "clip_ratio_c); 0 turns it off")
@@ -185,6 +200,9 @@ NUMBER_RULES = [
     ("weight_decay", lambda v: v >= 0, "0 or more (AdamW's decoupled weight decay; 0: none)"),
     ("grad_clip", lambda v: v > 0, "above 0 (the largest gradient norm an update takes, e.g. 1.0)"),
     ("clip_eps", lambda v: 0 < v < 1, "in (0, 1): PPO keeps the ratio within [1 - eps, 1 + eps], e.g. 0.2"),
+    ("clip_eps_high", lambda v: v > 0, "above 0: the ratio's upper clip is 1 + it (DAPO's clip-higher uses 0.28; "
+                                       "unset: --clip-eps)"),
+    ("lr_warmup_steps", lambda v: v >= 0, "0 or more (optimizer steps of linear learning-rate warm-up; 0: none)"),
     ("kl_coef", lambda v: v >= 0, "0 or more (0: no KL penalty to the initial policy)"),
     ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
     ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
@@ -388,7 +406,8 @@ def main(argv=None):
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
                  micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
-                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas))
+                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas),
+                 clip_eps_high=args.clip_eps_high, lr_warmup_steps=args.lr_warmup_steps, loss_agg=args.loss_agg)
     timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
