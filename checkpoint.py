@@ -26,7 +26,7 @@ SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_d
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
               "force_shifts", "clip_ratio_c", "adam_betas", "workload", "clip_eps_high", "lr_warmup_steps",
-              "loss_agg")
+              "loss_agg", "reward", "overlong_buffer", "answer_marker")
 
 
 def latest(out: Path) -> dict | None:

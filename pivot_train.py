@@ -7,6 +7,8 @@ new weights are published to the Global Parameter Storage and every rollout engi
 the next step. Synchronous and on-policy: step k's samples come from step k's weights.
 
 Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
+  - the reward is the judge's alone by default; --reward adds rule sources with coefficients (an exact
+    match with the reference, DAPO's overlong penalty over --overlong-buffer tokens; rewards.py);
   - token-level normalisation: the loss is summed over every response token of a minibatch and divided
     by their count, not averaged per response and then over responses (long responses weigh more);
     --loss-agg seq-mean-token-mean is the textbook mean of response means, seq-mean-token-sum the mean
@@ -60,6 +62,7 @@ import export
 import faults
 import report
 from planner import parse_split
+from rewards import NEEDS_REFERENCE, Recipe, final_answer, parse_reward
 from roles import logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
@@ -115,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-critique-tokens", type=int, default=96)
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
                    help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
+    # reward
+    p.add_argument("--reward", default="genrm=1",
+                   help="the reward's sources with a coefficient each, summed: genrm (the judge), exact (1 if the "
+                        "answer after --answer-marker equals the reference, else 0), overlong (DAPO's penalty, "
+                        "0 down to -1 over the last --overlong-buffer tokens), e.g. genrm=1,exact=1,overlong=1")
+    p.add_argument("--overlong-buffer", type=int, default=0,
+                   help="with overlong in --reward: the tokens before --max-response-tokens over which the "
+                        "penalty falls from 0 to -1 (DAPO uses a fifth of the budget)")
     # optimisation
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -196,6 +207,8 @@ NUMBER_RULES = [
                                      "it (1.0 samples the policy as it is)"),
     ("max_response_tokens", lambda v: v >= 1, "at least 1"),
     ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
+    ("overlong_buffer", lambda v: v >= 0, "0 or more (tokens before --max-response-tokens where the overlong "
+                                          "penalty falls to -1)"),
     ("lr", lambda v: v > 0, "above 0 (AdamW's learning rate, e.g. 5e-4)"),
     ("weight_decay", lambda v: v >= 0, "0 or more (AdamW's decoupled weight decay; 0: none)"),
     ("grad_clip", lambda v: v > 0, "above 0 (the largest gradient norm an update takes, e.g. 1.0)"),
@@ -239,6 +252,10 @@ def check_config(args) -> str:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         sys.exit(f"--out {args.out} is a file: pass a directory for the run's files")
     adam_betas(args.adam_betas)
+    recipe = reward_recipe(args)
+    if "overlong" in dict(recipe.coefficients) and not 1 <= args.overlong_buffer <= args.max_response_tokens:
+        sys.exit(f"--reward {args.reward} has overlong, which needs --overlong-buffer N from 1 to "
+                 f"--max-response-tokens ({args.max_response_tokens}); got {args.overlong_buffer}")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
     if args.dry_run != (args.world_size is not None):
@@ -269,6 +286,14 @@ def check_config(args) -> str:
         except ValueError as e:
             sys.exit(str(e))
     return template
+
+
+def reward_recipe(args) -> Recipe:
+    try:
+        coefficients = parse_reward(args.reward)
+    except ValueError as e:
+        sys.exit(str(e))
+    return Recipe(coefficients, args.answer_marker, args.max_response_tokens, args.overlong_buffer)
 
 
 def adam_betas(text: str) -> tuple[float, float]:
@@ -327,6 +352,11 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
         if missing:
             sys.exit(f'{missing} records have no "rubric", which --judge-kind rubric shows the judge: '
                      f"add one to every record, or use --judge-kind verdict")
+    for source in set(NEEDS_REFERENCE) & set(dict(reward_recipe(args).coefficients)):
+        missing = sum(r["reference"] is None for r in train_set + eval_set)
+        if missing:
+            sys.exit(f'--reward {args.reward}: {source} compares each answer with its record\'s "reference", and '
+                     f"{missing} records have none: add one to every record, or leave {source} out of --reward")
 
     def judge_ids(r):  # the judge's prompt for r, with an empty response
         return encode_prompt(genrm_tok, fill_template(template, r["prompt"], "", r["reference"], r["rubric"]))
@@ -400,7 +430,8 @@ def main(argv=None):
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=(args.genrm_kv_cache_mb or args.kv_cache_mb) << 20,
                   max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  judge_kind=args.judge_kind, longtail=args.workload == "longtail", **engines)
+                  judge_kind=args.judge_kind, longtail=args.workload == "longtail", recipe=reward_recipe(args),
+                  **engines)
     if resume:
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
@@ -568,16 +599,13 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
             "genrm_confusion": confusion, "eval_shifts": shifts}
 
 
-def final_answer(response: str, marker: str) -> str | None:
-    return response.rsplit(marker, 1)[1].strip() if marker in response else None
-
-
 def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
-    agree = sum(not s.parse_failed and (s.reward == 1.0) == (final_answer(s.response, args.answer_marker)
-                                                             == s.reference.strip()) for s in checked)
+    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == (final_answer(s.response, args.answer_marker)
+                                                                      == s.reference.strip()) for s in checked)
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "reward_sources": {name: sum(s.scores[name] for s in samples) / len(samples) for name in samples[0].scores},
             "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,
             "samples_per_s": len(samples) / seconds, "tokens_per_s": response_tokens / seconds,
             "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
@@ -601,7 +629,8 @@ def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
     with open(out / "samples.jsonl", "a") as f:
         for s in samples:
             f.write(json.dumps({"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
-                                "reward": s.reward, "advantage": s.advantage, "reference": s.reference,
+                                "reward": s.reward, "scores": s.scores, "advantage": s.advantage,
+                                "reference": s.reference,
                                 "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
                                 "judge_prompt_tokens": s.judge_prompt_tokens,
                                 "critique_tokens": s.critique_tokens}) + "\n")

@@ -56,7 +56,7 @@ def two_steps(tmp_path, policy, genrm, *extra):
         # 8 critique tokens of a character tokenizer cannot spell a verdict line ("verdict: wrong" has 14),
         # and the random judges (greedy, seeded) write no score line: every output is a counted parse
         # failure, scored 0
-        assert r["genrm_parse_failures"] == r["samples"] and r["reward_mean"] == 0.0
+        assert r["genrm_parse_failures"] == r["samples"] and r["reward_sources"]["genrm"] == 0.0
     info = json.loads((out / "run_info.json").read_text())
     return proc.stdout, records, info, out
 
@@ -98,8 +98,23 @@ def test_qwen2_policy_with_moe_rubric_judge_parquet(arch_models, tmp_path):
     assert info["train_prompts"] == 8 and info["eval_prompts"] == 2
 
 
-def test_chat_template_policy_qwen3_with_qwen2_judge(arch_models, tmp_path):
+def test_chat_template_policy_qwen3_with_qwen2_judge_and_rule_rewards(arch_models, tmp_path):
+    """With rule sources beside the judge: each sample's reward is the sum of its scores times their
+    coefficients, each source's step mean is in the metrics and the console line."""
     data = write_data(tmp_path / "train.jsonl", 8)
-    _, _, info, _ = two_steps(tmp_path, arch_models["qwen3"], arch_models["qwen2"], "--data", data,
-                              "--eval-split", 0.25)
+    stdout, records, info, out = two_steps(tmp_path, arch_models["qwen3"], arch_models["qwen2"], "--data", data,
+                                           "--eval-split", 0.25, "--reward", "genrm=1,exact=2,overlong=0.5",
+                                           "--overlong-buffer", 4)
     assert info["policy_chat_template"] and not info["genrm_chat_template"]
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 8
+    for row in rows:
+        s = row["scores"]
+        assert row["reward"] == pytest.approx(s["genrm"] + 2 * s["exact"] + 0.5 * s["overlong"])
+        assert s["overlong"] == min(0.0, (8 - 4 - row["response_tokens"]) / 4)
+        assert s["exact"] == float(row["response"].rsplit(">", 1)[-1].strip() == row["reference"] and ">" in row["response"])
+    for r in records[:2]:
+        step = [x for x in rows if x["step"] == r["step"]]
+        for name in ("genrm", "exact", "overlong"):
+            assert r["reward_sources"][name] == pytest.approx(sum(x["scores"][name] for x in step) / len(step))
+        assert f"(genrm 0.000 exact {r['reward_sources']['exact']:.3f} overlong " in stdout
