@@ -47,6 +47,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import argparse
 import gc
+import importlib.util
 import json
 import math
 import string
@@ -183,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "command again resumes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
+    p.add_argument("--wandb-project", default=None, metavar="NAME",
+                   help="also log the metrics to this Weights & Biases project (needs wandb installed; "
+                        "WANDB_MODE=offline logs without a network)")
     p.add_argument("--verbose", action="store_true",
                    help="also show vLLM's progress notes and the warnings known to be harmless here (roles/logs.py)")
     # dry run
@@ -249,6 +253,9 @@ def check_config(args) -> str:
             sys.exit(f"--{flag.replace('_', '-')} must be {rule}; got {value}")
     if not args.answer_marker:
         sys.exit("--answer-marker must not be empty: eval_accuracy reads the answer after its last occurrence")
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        sys.exit(f"--wandb-project {args.wandb_project}: wandb is not installed: pip install wandb (WANDB_MODE=offline "
+                 f"logs without a network), or leave --wandb-project out")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         sys.exit(f"--out {args.out} is a file: pass a directory for the run's files")
     adam_betas(args.adam_betas)
@@ -444,19 +451,20 @@ def main(argv=None):
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper),
                           observer=timeline)
-    board = tensorboard_writer(d, out)
+    board = tensorboard_writer(d, out, args)
 
     timeline.begin_step(start)
     # The engines load the stored version (a resumed run's weights); the first record says so.
     startup = {"startup_shifts": context.apply(placement.start_roles())}
     skipped_in_row = 0
+    clock = (time.perf_counter(), start)  # when and at which step this launch began
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
         record, startup = {"step": step, **startup}, {}
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
-            log_step(d, out, record, board, args.steps)
+            log_step(d, out, record, board, args.steps, clock)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
         batch = [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
@@ -473,7 +481,7 @@ def main(argv=None):
         # gradients carried from an early train group).
         record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
-        log_step(d, out, record, board, args.steps)
+        log_step(d, out, record, board, args.steps, clock)
         log_samples(d, out, step, samples)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
@@ -645,12 +653,35 @@ def data_line(info: dict, args) -> str:
             f"genrm {chat[info['genrm_chat_template']]}")
 
 
-def tensorboard_writer(d: Dist, out: Path):
-    """Rank 0's TensorBoard event file in the run directory (`tensorboard --logdir OUT`)."""
+def tensorboard_writer(d: Dist, out: Path, args):
+    """Rank 0's TensorBoard event file in the run directory (`tensorboard --logdir OUT`), and with
+    --wandb-project a Weights & Biases run beside it that gets the same scalars."""
     if d.rank != 0:
         return None
     from tensorboardX import SummaryWriter
-    return SummaryWriter(str(out), flush_secs=10)
+    return Board(SummaryWriter(str(out), flush_secs=10), args, out)
+
+
+class Board:
+    """Where rank 0's scalars go: TensorBoard, and Weights & Biases with --wandb-project."""
+
+    def __init__(self, tensorboard, args, out: Path):
+        self.tensorboard, self.wandb = tensorboard, None
+        if args.wandb_project:
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project, name=out.name, dir=str(out), config=vars(args))
+
+    def add(self, record: dict) -> None:
+        flat = scalars(record)
+        for tag, value in flat.items():
+            self.tensorboard.add_scalar(tag, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(flat, step=record["step"])
+
+    def close(self) -> None:
+        self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def scalars(record: dict, prefix: str = "") -> dict[str, float]:
@@ -666,17 +697,20 @@ def scalars(record: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-def log_step(d: Dist, out: Path, record: dict, board, steps: int) -> None:
+def log_step(d: Dist, out: Path, record: dict, board, steps: int, clock: tuple[float, int]) -> None:
+    """Rank 0: the record into metrics.jsonl and the boards, and its console lines; `clock`: when and at
+    which step this launch began, for the step line's elapsed time and ETA (this launch's mean time per
+    step, evaluations included, times the steps left)."""
     if d.rank != 0:
         return
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
-    for tag, value in scalars(record).items():
-        board.add_scalar(tag, value, record["step"])
+    board.add(record)
     if "eval_accuracy" in record:
         print(report.eval_line(record), flush=True)
     if "reward_mean" in record:
-        print(report.step_line(record, steps), flush=True)
+        elapsed, done = time.perf_counter() - clock[0], record["step"] + 1 - clock[1]
+        print(report.step_line(record, steps, elapsed, elapsed / done * (steps - record["step"] - 1)), flush=True)
 
 
 if __name__ == "__main__":

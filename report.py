@@ -15,8 +15,19 @@ PANELS = [
 ]
 
 
-def step_line(record: dict, steps: int) -> str:
-    """One training step: its reward, speed and each role's busy seconds (summed over ranks)."""
+def clock(seconds: float) -> str:
+    """A duration as the console shows it: 42s, 3m07s, 2h05m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
+    """One training step: its reward, speed, each role's busy seconds (summed over ranks), and the run's
+    elapsed time and the time it expects to take still."""
     busy = " ".join(f"{role} {seconds:.1f}" for role, seconds in record["busy_s"].items())
     reward = f"reward {record['reward_mean']:.3f}"
     sources = record.get("reward_sources", {})
@@ -24,7 +35,7 @@ def step_line(record: dict, steps: int) -> str:
         reward += " (" + " ".join(f"{name} {score:.3f}" for name, score in sources.items()) + ")"
     parts = [f"step {record['step']}/{steps}", reward,
              f"{record['samples_per_s']:.1f} samples/s", f"{record['step_time_s']:.1f} s",
-             f"busy s: {busy}"]
+             f"busy s: {busy}", f"elapsed {clock(elapsed_s)} eta {clock(eta_s)}"]
     if record["genrm_parse_failures"]:
         parts.append(f"judge outputs unparsed {record['genrm_parse_failures']}")
     return " | ".join(parts)

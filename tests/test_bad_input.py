@@ -84,6 +84,13 @@ def test_a_reward_recipe_that_cannot_be_used(flags, message):
     refused([*DRY, *flags], message)
 
 
+def test_wandb_project_without_wandb_installed():
+    import importlib.util
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here: the refusal cannot happen")
+    refused([*DRY, "--wandb-project", "pivot"], "--wandb-project pivot: wandb is not installed: pip install wandb")
+
+
 def test_a_bad_kill_spec(monkeypatch):
     monkeypatch.setenv("PIVOT_KILL", "1:judging:2")
     refused(DRY, "PIVOT_KILL='1:judging:2': expected RANK:POINT:N with POINT one of rollout, genrm")

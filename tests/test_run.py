@@ -40,7 +40,7 @@ def test_console_is_one_line_per_step_and_evaluation_then_a_summary(uninterrupte
     expected = [r"data: 5000 training prompts, 8 held-out; .*",
                 r"eval at step 0 \| accuracy \d\.\d{3} \| judge agreement \d\.\d{3} \| 8 held-out prompts",
                 *[rf"step {k}/3 \| reward \d\.\d{{3}} \| [\d.]+ samples/s \| [\d.]+ s \| busy s: rollout [\d.]+ "
-                  rf"genrm [\d.]+ train [\d.]+" for k in range(SMALL_STEPS)],
+                  rf"genrm [\d.]+ train [\d.]+ \| elapsed [\dhms]+ eta [\dhms]+" for k in range(SMALL_STEPS)],
                 r"eval at step 3 \| accuracy \d\.\d{3} \| judge agreement \d\.\d{3} \| 8 held-out prompts",
                 r"done: 3 steps, 48 samples in \d+ s of steps \([\d.]+ samples/s\); eval accuracy \d\.\d{3} at "
                 r"step 0 -> \d\.\d{3} at step 3, judge agreement \d\.\d{3}",
