@@ -1,5 +1,6 @@
 """Checkpoints of a run, in OUT/checkpoints/: the policy's whole training state (the bytes of the
-TrainState storage: fp32 master weights, AdamW moments, optimizer step) and the number of steps done.
+TrainState storage: fp32 master weights, AdamW moments, optimizer step), the number of steps done, and
+the policy as a Hugging Face directory (model/, export.py) for loading it elsewhere.
 
 A checkpoint is written to a temporary folder, flushed, then renamed, and only then named in LATEST
 (written the same way), so LATEST always names a complete checkpoint and one cut short is never
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+import export
 import faults
 from roles.rollout import Sample
 
@@ -26,7 +28,8 @@ SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_d
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
               "force_shifts", "clip_ratio_c", "adam_betas", "workload", "max_staleness", "rollout_is",
-              "rollout_is_threshold")
+              "rollout_is_threshold", "clip_eps_high", "lr_warmup_steps", "loss_agg", "reward", "overlong_buffer",
+              "answer_marker")
 
 
 def latest(out: Path) -> dict | None:
@@ -42,18 +45,19 @@ def differing_flags(saved: dict, args) -> list[str]:
             for k in SAME_FLAGS if saved.get(k) != getattr(args, k)]
 
 
-def save(d, out: Path, steps_done: int, train_state, context, planner: dict | None = None,
+def save(d, out: Path, steps_done: int, train_state, context, policy_dir: str, planner: dict | None = None,
          pending: list[list] | None = None) -> None:
-    """Collective. Train ranks still holding their trainer first write its rows to storage; then rank 0
-    writes its node's copy of the state, what the planner has learned (`planner`, rank 0's) and, with
-    --max-staleness, the samples of the steps generated and judged whose updates are still to come
-    (`pending`, oldest first)."""
+    """Collective. Train ranks still holding their trainer first write its rows to storage; node 0's
+    ranks write the policy's Hugging Face directory from it (`export.write_model`, under the checkpoint
+    of `policy_dir`); then rank 0 writes its node's copy of the state, what the planner has learned
+    (`planner`, rank 0's) and, with --max-staleness, the samples of the steps generated and judged whose
+    updates are still to come (`pending`, oldest first)."""
     train_state.save(context.trainer)
+    root = out / "checkpoints"
+    name = f"step-{steps_done:06d}"
+    tmp = root / f".{name}.tmp"
+    export.write_model(d, train_state, policy_dir, tmp / "model")
     if d.rank == 0:
-        root = out / "checkpoints"
-        name = f"step-{steps_done:06d}"
-        tmp = root / f".{name}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
         _write(tmp / "state.bin", memoryview(train_state.state.buffer.numpy()))
         _write(tmp / "meta.json", json.dumps({"steps_done": steps_done, "planner": planner}).encode())
         steps = [[dataclasses.asdict(s) for s in step] for step in pending or []]

@@ -14,8 +14,16 @@ correction, --rollout-is): the ratio is taken against pi_old, the logprobs of th
 starts from, and each token's loss is weighted by min(pi_old / pi_rollout, --rollout-is-threshold).
 
 Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
+  - the reward is the judge's alone by default; --reward adds rule sources with coefficients (an exact
+    match with the reference, DAPO's overlong penalty over --overlong-buffer tokens; rewards.py);
   - token-level normalisation: the loss is summed over every response token of a minibatch and divided
     by their count, not averaged per response and then over responses (long responses weigh more);
+    --loss-agg seq-mean-token-mean is the textbook mean of response means, seq-mean-token-sum the mean
+    of response sums (verl's loss_agg_mode names; early training keeps each exact);
+  - the ratio is clipped to [1 - --clip-eps, 1 + --clip-eps-high] (default: --clip-eps; DAPO's
+    clip-higher, arXiv:2503.14476, uses 0.2 and 0.28);
+  - the learning rate is constant, or warms up linearly over the first --lr-warmup-steps optimizer
+    steps (lr / N at the first);
   - the ratio is taken against the engine's sampling logprobs (vLLM's, at the sampling temperature),
     not against logprobs the trainer recomputes; `logprob_gap_mean`/`_max` in the metrics say how far
     apart the two are;
@@ -48,6 +56,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import argparse
 import collections
 import gc
+import importlib.util
 import json
 import math
 import string
@@ -59,14 +68,16 @@ import torch
 import torch.distributed as dist
 
 import checkpoint
+import export
 import faults
 import report
 from planner import parse_split
+from rewards import NEEDS_REFERENCE, Recipe, final_answer, parse_reward
 from roles import logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import ROLLOUT_IS, PolicyTrainer, grpo_advantages
+from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from shifting.placement import Placement
@@ -117,11 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-critique-tokens", type=int, default=96)
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
                    help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
+    # reward
+    p.add_argument("--reward", default="genrm=1",
+                   help="the reward's sources with a coefficient each, summed: genrm (the judge), exact (1 if the "
+                        "answer after --answer-marker equals the reference, else 0), overlong (DAPO's penalty, "
+                        "0 down to -1 over the last --overlong-buffer tokens), e.g. genrm=1,exact=1,overlong=1")
+    p.add_argument("--overlong-buffer", type=int, default=0,
+                   help="with overlong in --reward: the tokens before --max-response-tokens over which the "
+                        "penalty falls from 0 to -1 (DAPO uses a fifth of the budget)")
     # optimisation
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--clip-eps-high", type=float, default=None,
+                   help="the ratio's upper clip is 1 + this (DAPO's clip-higher, e.g. 0.28); default: --clip-eps")
+    p.add_argument("--lr-warmup-steps", type=int, default=0,
+                   help="warm the learning rate up linearly over this many optimizer steps (lr / N at the "
+                        "first); 0: constant")
+    p.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
+                   help="how a minibatch's token losses are averaged (verl's loss_agg_mode): over all its "
+                        "response tokens, each response's mean then over responses, or each response's sum "
+                        "then over responses")
     p.add_argument("--clip-ratio-c", type=float, default=3.0,
                    help="dual clip: with a negative advantage A the token loss is at most -C*A (verl's "
                         "clip_ratio_c); 0 turns it off")
@@ -174,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "command again resumes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/latest")
+    p.add_argument("--wandb-project", default=None, metavar="NAME",
+                   help="also log the metrics to this Weights & Biases project (needs wandb installed; "
+                        "WANDB_MODE=offline logs without a network)")
     p.add_argument("--verbose", action="store_true",
                    help="also show vLLM's progress notes and the warnings known to be harmless here (roles/logs.py)")
     # dry run
@@ -198,10 +229,15 @@ NUMBER_RULES = [
                                      "it (1.0 samples the policy as it is)"),
     ("max_response_tokens", lambda v: v >= 1, "at least 1"),
     ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
+    ("overlong_buffer", lambda v: v >= 0, "0 or more (tokens before --max-response-tokens where the overlong "
+                                          "penalty falls to -1)"),
     ("lr", lambda v: v > 0, "above 0 (AdamW's learning rate, e.g. 5e-4)"),
     ("weight_decay", lambda v: v >= 0, "0 or more (AdamW's decoupled weight decay; 0: none)"),
     ("grad_clip", lambda v: v > 0, "above 0 (the largest gradient norm an update takes, e.g. 1.0)"),
     ("clip_eps", lambda v: 0 < v < 1, "in (0, 1): PPO keeps the ratio within [1 - eps, 1 + eps], e.g. 0.2"),
+    ("clip_eps_high", lambda v: v > 0, "above 0: the ratio's upper clip is 1 + it (DAPO's clip-higher uses 0.28; "
+                                       "unset: --clip-eps)"),
+    ("lr_warmup_steps", lambda v: v >= 0, "0 or more (optimizer steps of linear learning-rate warm-up; 0: none)"),
     ("kl_coef", lambda v: v >= 0, "0 or more (0: no KL penalty to the initial policy)"),
     ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
     ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
@@ -237,9 +273,16 @@ def check_config(args) -> str:
             sys.exit(f"--{flag.replace('_', '-')} must be {rule}; got {value}")
     if not args.answer_marker:
         sys.exit("--answer-marker must not be empty: eval_accuracy reads the answer after its last occurrence")
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        sys.exit(f"--wandb-project {args.wandb_project}: wandb is not installed: pip install wandb (WANDB_MODE=offline "
+                 f"logs without a network), or leave --wandb-project out")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         sys.exit(f"--out {args.out} is a file: pass a directory for the run's files")
     adam_betas(args.adam_betas)
+    recipe = reward_recipe(args)
+    if "overlong" in dict(recipe.coefficients) and not 1 <= args.overlong_buffer <= args.max_response_tokens:
+        sys.exit(f"--reward {args.reward} has overlong, which needs --overlong-buffer N from 1 to "
+                 f"--max-response-tokens ({args.max_response_tokens}); got {args.overlong_buffer}")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
     if args.dry_run != (args.world_size is not None):
@@ -270,6 +313,14 @@ def check_config(args) -> str:
         except ValueError as e:
             sys.exit(str(e))
     return template
+
+
+def reward_recipe(args) -> Recipe:
+    try:
+        coefficients = parse_reward(args.reward)
+    except ValueError as e:
+        sys.exit(str(e))
+    return Recipe(coefficients, args.answer_marker, args.max_response_tokens, args.overlong_buffer)
 
 
 def adam_betas(text: str) -> tuple[float, float]:
@@ -328,6 +379,11 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
         if missing:
             sys.exit(f'{missing} records have no "rubric", which --judge-kind rubric shows the judge: '
                      f"add one to every record, or use --judge-kind verdict")
+    for source in set(NEEDS_REFERENCE) & set(dict(reward_recipe(args).coefficients)):
+        missing = sum(r["reference"] is None for r in train_set + eval_set)
+        if missing:
+            sys.exit(f'--reward {args.reward}: {source} compares each answer with its record\'s "reference", and '
+                     f"{missing} records have none: add one to every record, or leave {source} out of --reward")
 
     def judge_ids(r):  # the judge's prompt for r, with an empty response
         return encode_prompt(genrm_tok, fill_template(template, r["prompt"], "", r["reference"], r["rubric"]))
@@ -401,25 +457,28 @@ def main(argv=None):
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=(args.genrm_kv_cache_mb or args.kv_cache_mb) << 20,
                   max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  judge_kind=args.judge_kind, longtail=args.workload == "longtail", **engines)
+                  judge_kind=args.judge_kind, longtail=args.workload == "longtail", recipe=reward_recipe(args),
+                  **engines)
     if resume:
         placement.load_state(resume["planner"])
     hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
                  kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
                  micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
                  clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas),
+                 clip_eps_high=args.clip_eps_high, lr_warmup_steps=args.lr_warmup_steps, loss_agg=args.loss_agg,
                  rollout_is=rollout_correction(args), rollout_is_threshold=args.rollout_is_threshold)
     timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper),
                           observer=timeline)
-    board = tensorboard_writer(d, out)
+    board = tensorboard_writer(d, out, args)
 
     timeline.begin_step(start)
     # The engines load the stored version (a resumed run's weights); the first record says so.
     startup = {"startup_shifts": context.apply(placement.start_roles())}
     skipped_in_row = 0
+    clock = (time.perf_counter(), start)  # when and at which step this launch began
     # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
     # the pipeline is full), oldest first.
     pending = collections.deque(checkpoint.pending_steps(resume) if resume else [])
@@ -439,7 +498,7 @@ def main(argv=None):
         if step % args.eval_every == 0 or step == args.steps:
             record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
-            log_step(d, out, record, board, args.steps)
+            log_step(d, out, record, board, args.steps, clock)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
         shifts = []
@@ -473,12 +532,15 @@ def main(argv=None):
         # gradients carried from an early train group).
         record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
-        log_step(d, out, record, board, args.steps)
+        log_step(d, out, record, board, args.steps, clock)
         log_samples(d, out, step, trained)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
-            checkpoint.save(d, out, step + 1, train_state, context, placement.state(), list(pending))
+            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending))
 
+    # The trained policy as a Hugging Face directory, from the state the last update left in storage.
+    train_state.save(context.trainer)
+    export.write_model(d, train_state, args.policy, out / "model")
     timeline.draw()
     if d.rank == 0:
         board.close()
@@ -623,16 +685,13 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
             "genrm_confusion": confusion, "eval_shifts": shifts}
 
 
-def final_answer(response: str, marker: str) -> str | None:
-    return response.rsplit(marker, 1)[1].strip() if marker in response else None
-
-
 def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
-    agree = sum(not s.parse_failed and (s.reward == 1.0) == (final_answer(s.response, args.answer_marker)
-                                                             == s.reference.strip()) for s in checked)
+    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == (final_answer(s.response, args.answer_marker)
+                                                                      == s.reference.strip()) for s in checked)
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "reward_sources": {name: sum(s.scores[name] for s in samples) / len(samples) for name in samples[0].scores},
             "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,
             "samples_per_s": len(samples) / seconds, "tokens_per_s": response_tokens / seconds,
             "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
@@ -656,7 +715,8 @@ def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
     with open(out / "samples.jsonl", "a") as f:
         for s in samples:
             f.write(json.dumps({"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
-                                "reward": s.reward, "advantage": s.advantage, "reference": s.reference,
+                                "reward": s.reward, "scores": s.scores, "advantage": s.advantage,
+                                "reference": s.reference,
                                 "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
                                 "judge_prompt_tokens": s.judge_prompt_tokens,
                                 "critique_tokens": s.critique_tokens}) + "\n")
@@ -671,12 +731,35 @@ def data_line(info: dict, args) -> str:
             f"genrm {chat[info['genrm_chat_template']]}")
 
 
-def tensorboard_writer(d: Dist, out: Path):
-    """Rank 0's TensorBoard event file in the run directory (`tensorboard --logdir OUT`)."""
+def tensorboard_writer(d: Dist, out: Path, args):
+    """Rank 0's TensorBoard event file in the run directory (`tensorboard --logdir OUT`), and with
+    --wandb-project a Weights & Biases run beside it that gets the same scalars."""
     if d.rank != 0:
         return None
     from tensorboardX import SummaryWriter
-    return SummaryWriter(str(out), flush_secs=10)
+    return Board(SummaryWriter(str(out), flush_secs=10), args, out)
+
+
+class Board:
+    """Where rank 0's scalars go: TensorBoard, and Weights & Biases with --wandb-project."""
+
+    def __init__(self, tensorboard, args, out: Path):
+        self.tensorboard, self.wandb = tensorboard, None
+        if args.wandb_project:
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project, name=out.name, dir=str(out), config=vars(args))
+
+    def add(self, record: dict) -> None:
+        flat = scalars(record)
+        for tag, value in flat.items():
+            self.tensorboard.add_scalar(tag, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(flat, step=record["step"])
+
+    def close(self) -> None:
+        self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def scalars(record: dict, prefix: str = "") -> dict[str, float]:
@@ -692,17 +775,20 @@ def scalars(record: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-def log_step(d: Dist, out: Path, record: dict, board, steps: int) -> None:
+def log_step(d: Dist, out: Path, record: dict, board, steps: int, clock: tuple[float, int]) -> None:
+    """Rank 0: the record into metrics.jsonl and the boards, and its console lines; `clock`: when and at
+    which step this launch began, for the step line's elapsed time and ETA (this launch's mean time per
+    step, evaluations included, times the steps left)."""
     if d.rank != 0:
         return
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
-    for tag, value in scalars(record).items():
-        board.add_scalar(tag, value, record["step"])
+    board.add(record)
     if "eval_accuracy" in record:
         print(report.eval_line(record), flush=True)
     if "reward_mean" in record:
-        print(report.step_line(record, steps), flush=True)
+        elapsed, done = time.perf_counter() - clock[0], record["step"] + 1 - clock[1]
+        print(report.step_line(record, steps, elapsed, elapsed / done * (steps - record["step"] - 1)), flush=True)
 
 
 if __name__ == "__main__":

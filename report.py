@@ -15,12 +15,27 @@ PANELS = [
 ]
 
 
-def step_line(record: dict, steps: int) -> str:
-    """One training step: its reward, speed and each role's busy seconds (summed over ranks)."""
+def clock(seconds: float) -> str:
+    """A duration as the console shows it: 42s, 3m07s, 2h05m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
+    """One training step: its reward, speed, each role's busy seconds (summed over ranks), and the run's
+    elapsed time and the time it expects to take still."""
     busy = " ".join(f"{role} {seconds:.1f}" for role, seconds in record["busy_s"].items())
-    parts = [f"step {record['step']}/{steps}", f"reward {record['reward_mean']:.3f}",
+    reward = f"reward {record['reward_mean']:.3f}"
+    sources = record.get("reward_sources", {})
+    if len(sources) > 1:  # more than the judge alone (--reward): each source's mean score
+        reward += " (" + " ".join(f"{name} {score:.3f}" for name, score in sources.items()) + ")"
+    parts = [f"step {record['step']}/{steps}", reward,
              f"{record['samples_per_s']:.1f} samples/s", f"{record['step_time_s']:.1f} s",
-             f"busy s: {busy}"]
+             f"busy s: {busy}", f"elapsed {clock(elapsed_s)} eta {clock(eta_s)}"]
     if record["genrm_parse_failures"]:
         parts.append(f"judge outputs unparsed {record['genrm_parse_failures']}")
     return " | ".join(parts)
@@ -39,14 +54,26 @@ def read_metrics(out: Path) -> list[dict]:
 
 def series(records: list[dict], metric: str) -> tuple[list[int], list[float]]:
     """(steps, values) of a metric over the run, for the steps that have it; "name/K" is the mean of
-    the last K values of "name" at each step."""
+    the last K values of "name" at each step; "a.b" is b of the record's a."""
     name, _, window = metric.partition("/")
-    points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
+    points = [(r["step"], v) for r in records if (v := lookup(r, name)) is not None]
     steps, values = [s for s, _ in points], [v for _, v in points]
     if window:
         k = int(window)
         values = [sum(values[max(0, i + 1 - k):i + 1]) / min(i + 1, k) for i in range(len(values))]
     return steps, values
+
+
+def lookup(record: dict, name: str):
+    for key in name.split("."):
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+def source_lines(records: list[dict]) -> list[tuple[str, str, str]]:
+    """The reward panel's line per reward source, when --reward has more than the judge."""
+    sources = next((r["reward_sources"] for r in records if "reward_sources" in r), {})
+    return [(f"reward_sources.{name}", f"{name} (score)", "--") for name in sources] if len(sources) > 1 else []
 
 
 def draw_curves(out: Path, records: list[dict]) -> None:
@@ -55,12 +82,15 @@ def draw_curves(out: Path, records: list[dict]) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    for ax, (title, ylabel, lines, fraction) in zip(axes.flat, PANELS):
+    for index, (ax, (title, ylabel, lines, fraction)) in enumerate(zip(axes.flat, PANELS)):
+        lines = lines + (source_lines(records) if index == 0 else [])
         for metric, label, style in lines:
             ax.plot(*series(records, metric), style, label=label, markersize=5)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(*((-0.03, 1.03) if fraction else (0, None)))
+        # a reward of several sources may leave [0, 1] (an overlong penalty, coefficients summing past 1)
+        values = [0.0, 1.0] + [v for metric, _, _ in lines for v in series(records, metric)[1]]
+        ax.set_ylim(*((min(values) - 0.03, max(values) + 0.03) if fraction else (0, None)))
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if len(lines) > 1:

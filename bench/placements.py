@@ -1,14 +1,17 @@
 """The three placements on one task, models, seed and world size, in one invocation, interleaved.
 
     python bench/placements.py [--nproc 4] [--repeats 3] [--steps 10] [--split rollout=2,genrm=1,train=1]
-                               [--workload task|longtail] [--json PATH] [--out DIR] [-- extra pivot_train.py flags]
+                               [--max-staleness 0,2] [--workload task|longtail] [--json PATH] [--out DIR]
+                               [-- extra pivot_train.py flags]
 
-Each run is `torchrun --nproc_per_node NPROC pivot_train.py --placement P` with the same flags; runs
-go colocated, disaggregated, pivot, colocated, ... so that the machine's drift hits all three alike.
-Per placement it prints the median over repeats of samples/s and tokens/s (measured over each run's
-steps after the first, which warms the engines), each role's busy fraction (busy seconds over ranks x
-step time), the ratios pivot/colocated and pivot/disaggregated (the median over repeats of each
-repeat's own ratio), and the reward curves side by side.
+Each run is `torchrun --nproc_per_node NPROC pivot_train.py --placement P --max-staleness K` with the
+same flags, for every placement and every K of the list; runs go colocated@0, disaggregated@0,
+pivot@0, colocated@2, ... in each repeat, so that the machine's drift hits all alike. Per run it
+prints the median over repeats of samples/s and tokens/s (measured over each run's steps after the
+first, which warms the engines and, at K > 0, also rolls out the K steps before the first update, and
+before the last K, which roll nothing out), each role's busy fraction (busy seconds over ranks x step
+time), the ratios pivot@K / colocated@0, pivot@K / disaggregated@K and pivot@0 / colocated@0 (the
+median over repeats of each repeat's own ratio), and the reward curves side by side.
 
 Cost model (for `python -m sim --calibration cpu --measured PATH`): from the same runs' metrics.jsonl,
 samples.jsonl and config.json it fits each engine role's step time, seconds = fixed + per_seq x batch,
@@ -47,11 +50,12 @@ PLACEMENTS = ("colocated", "disaggregated", "pivot")
 LONGTAIL = ["--workload", "longtail", "--max-response-tokens", "96", "--max-critique-tokens", "96"]
 
 
-def run(placement: str, args, extra: list[str], out: Path) -> tuple[list[dict], float]:
+def run(placement: str, staleness: int, args, extra: list[str], out: Path) -> tuple[list[dict], float]:
     """One run's metrics records and the machine's CPU busy fraction while it ran."""
     before = cpu_ticks()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-           str(ROOT / "pivot_train.py"), "--placement", placement, "--steps", str(args.steps),
+           str(ROOT / "pivot_train.py"), "--placement", placement, "--max-staleness", str(staleness),
+           "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--eval-prompts", "32", "--seed", str(args.seed), "--out", str(out),
            *(["--split", args.split] if placement == "disaggregated" else []),
            *(LONGTAIL if args.workload == "longtail" else []), *extra]
@@ -141,8 +145,11 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
     return out
 
 
-def summarise(records: list[dict], nproc: int) -> dict:
-    steps = [r for r in records if "samples_per_s" in r][1:]
+def summarise(records: list[dict], nproc: int, staleness: int) -> dict:
+    """The run's steady steps: each after the first (warm-up and, at K > 0, the K steps rolled out before
+    any update) that rolls out a step and trains one (at K > 0 the last K only train)."""
+    steps = [r for r in records if "samples_per_s" in r]
+    steps = steps[1:len(steps) - staleness]
     seconds = sum(r["step_time_s"] for r in steps)
     busy = {role: sum(r["busy_s"][role] for r in steps) / (nproc * seconds) for role in ("rollout", "genrm", "train")}
     return {"samples_per_s": sum(r["samples"] for r in steps) / seconds,
@@ -152,6 +159,10 @@ def summarise(records: list[dict], nproc: int) -> dict:
             "steps_cpu_busy": sum(r["cpu_busy"] * r["step_time_s"] for r in steps) / seconds,
             "exchange_share": sum(r["exchange_s"] for r in steps) / sum(r["rollout_judge_s"] for r in steps),
             "rewards": [r["reward_mean"] for r in records if "reward_mean" in r]}
+
+
+def label(placement: str, staleness: int) -> str:
+    return f"{placement}@{staleness}"
 
 
 def ratio(results: dict, a: str, b: str) -> float:
@@ -181,11 +192,20 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default=None,
                    help="disaggregated's ranks per role (default: rollout=NPROC-2,genrm=1,train=1)")
+    p.add_argument("--max-staleness", default="0",
+                   help="comma-separated K values: every placement runs at each (e.g. 0,2)")
     p.add_argument("--workload", choices=["task", "longtail"], default="task")
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="keep the runs' directories here (default: a temporary one)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.split = args.split or f"rollout={max(args.nproc - 2, 1)},genrm=1,train=1"
+    try:
+        bounds = sorted({int(k) for k in args.max_staleness.split(",")})
+    except ValueError:
+        bounds = [-1]
+    if min(bounds) < 0 or args.steps <= max(bounds) + 1:
+        sys.exit(f"--max-staleness {args.max_staleness}: pass K values of 0 or more, separated by commas, each at "
+                 f"most --steps - 2 (a run needs a steady step between its first and its last K)")
     if args.workload == "longtail":
         print(LABEL)
     skipped = placeable(args)
@@ -193,20 +213,24 @@ def main():
         print(f"{placement} skipped on {args.nproc} ranks: {why}")
     placements = [p for p in PLACEMENTS if p not in skipped]
 
-    results = {placement: [] for placement in placements}
+    configs = [(placement, k) for k in bounds for placement in placements]
+    results = {label(*config): [] for config in configs}
     cpus = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.out or tmp)
-        folders = []
+        folders = []  # the on-policy runs, which the simulator's cost model is fitted on
         for repeat in range(args.repeats):
-            for placement in placements:
-                folders.append(runs / f"{placement}-{repeat}")
-                records, cpu_busy = run(placement, args, extra, folders[-1])
-                results[placement].append(summarise(records, args.nproc) | {"cpu_busy": cpu_busy})
-                r = results[placement][-1]
-                print(f"repeat {repeat} {placement:13s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
+            for placement, k in configs:
+                name = label(placement, k)
+                folder = runs / f"{placement}-k{k}-{repeat}"
+                records, cpu_busy = run(placement, k, args, extra, folder)
+                if k == 0:
+                    folders.append(folder)
+                results[name].append(summarise(records, args.nproc, k) | {"cpu_busy": cpu_busy})
+                r = results[name][-1]
+                print(f"repeat {repeat} {name:16s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
                       f"{r['steps_cpu_busy']:.0%} in its steps, {cpu_busy:.0%} over the run", flush=True)
-        model = cost_model(folders, args.nproc, cpus)
+        model = cost_model(folders, args.nproc, cpus) if folders else {}
 
     table = {}
     for placement, runs in results.items():
@@ -219,14 +243,16 @@ def main():
             "steps_cpu_busy": statistics.median(r["steps_cpu_busy"] for r in runs),
             "exchange_share": statistics.median(r["exchange_share"] for r in runs),
             "rewards": runs[0]["rewards"], "runs": runs}
+    baseline = label("colocated", bounds[0])  # colocated at the smallest K asked for (0 by default)
+    ratios = {f"pivot{k}_over_colocated{bounds[0]}": ratio(results, label("pivot", k), baseline) for k in bounds}
+    if "disaggregated" in placements:
+        ratios |= {f"pivot{k}_over_disaggregated{k}": ratio(results, label("pivot", k), label("disaggregated", k))
+                   for k in bounds}
     figures = {"nproc": args.nproc, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
-               "split": None if "disaggregated" in skipped else args.split, "skipped": skipped,
-               "placements": table,
-               "pivot_over_colocated": ratio(results, "pivot", "colocated"),
-               "pivot_over_disaggregated": ratio(results, "pivot", "disaggregated") if "disaggregated" in results
-               else None,
+               "max_staleness": bounds, "split": None if "disaggregated" in skipped else args.split,
+               "skipped": skipped, "placements": table, "ratios": ratios,
                # Colocated leaves the rest of the machine idle; no placement can use more than all of it.
-               "bound_over_colocated": 1 / table["colocated"]["steps_cpu_busy"], **model}
+               "bound_over_colocated": 1 / table[baseline]["steps_cpu_busy"], **model}
     report(figures, table, model, cpus, args)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
@@ -235,19 +261,28 @@ def main():
 def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
     if args.workload == "longtail":
         print(f"\n{LABEL}")
-    print(f"\n{'placement':14s} {'samples/s':>10s} {'tokens/s':>10s} {'rollout':>8s} {'genrm':>8s} {'train':>8s} "
+    print(f"\n{'placement':16s} {'samples/s':>10s} {'tokens/s':>10s} {'rollout':>8s} {'genrm':>8s} {'train':>8s} "
           f"{'shifts/step':>12s} {'exchange':>9s} {'CPU busy: steps':>16s} {'whole run':>10s}")
     for placement, row in table.items():
         b = row["busy"]
-        print(f"{placement:14s} {row['samples_per_s']:10.1f} {row['tokens_per_s']:10.1f} {b['rollout']:8.2f} "
+        print(f"{placement:16s} {row['samples_per_s']:10.1f} {row['tokens_per_s']:10.1f} {b['rollout']:8.2f} "
               f"{b['genrm']:8.2f} {b['train']:8.2f} {row['shifts_per_step']:12.1f} {row['exchange_share']:9.1%} "
               f"{row['steps_cpu_busy']:16.0%} {row['cpu_busy']:10.0%}")
     print("(exchange: the share of rollout+judge time spent in the exchange with rank 0, metrics' exchange_s)")
-    print(f"\npivot / colocated      {figures['pivot_over_colocated']:.2f}x   bound over colocated "
-          f"{figures['bound_over_colocated']:.2f}x  (1 / colocated's CPU busy fraction during its steps; {cpus} "
-          f"cores, shared with whatever else runs on the machine)")
-    if figures["pivot_over_disaggregated"] is not None:
-        print(f"pivot / disaggregated  {figures['pivot_over_disaggregated']:.2f}x")
+    print()
+    for name, value in figures["ratios"].items():
+        print(f"{name:28s} {value:.2f}x   (this machine's bound over colocated: {figures['bound_over_colocated']:.2f}x)")
+    print(f"(bound: 1 / colocated's CPU busy fraction during its steps; {cpus} cores, shared with whatever else runs "
+          f"on the machine)")
+    if model:
+        print_cost_model(model, cpus)
+    print("\nreward per step (first repeat)")
+    print("step " + " ".join(f"{p:>16s}" for p in table))
+    for step in range(args.steps):
+        print(f"{step:4d} " + " ".join(f"{table[p]['rewards'][step]:16.3f}" for p in table))
+
+
+def print_cost_model(model: dict, cpus: int) -> None:
     print(f"\ncost model ({cpus} cores; seconds uncontended, i.e. measured / max(1, ranks stepping / cores))")
     for role in ("rollout", "genrm"):
         print(f"  {role:8s} engine step {model[f'{role}_step_s'] * 1e3:.2f} ms + "
@@ -261,10 +296,6 @@ def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
     print("  rounds   exchange " + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["exchange_per_round_s"].items())
           + " ms each; planner " + ", ".join(f"{p} {v * 1e3:.2f}" for p, v in model["plan_per_round_s"].items()) + " ms; a whole round "
           + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in model["round_mean_s"].items()) + " ms")
-    print("\nreward per step (first repeat)")
-    print("step " + " ".join(f"{p:>13s}" for p in table))
-    for step in range(args.steps):
-        print(f"{step:4d} " + " ".join(f"{table[p]['rewards'][step]:13.3f}" for p in table))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ three rules (`--on-parse-failure`): `fail` scores it 0.0; `retry` judges it once
 import re
 from dataclasses import dataclass, replace
 
+from rewards import Recipe
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed
 from tasks.dataset import encode_prompt
@@ -62,9 +63,10 @@ def fill_template(template: str, prompt: str, response: str, reference: str | No
 class GenRM:
     def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
                  kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, judge_kind: str = "verdict",
-                 longtail: bool = False, **engine_options):
-        """`engine_options`: `Engine`'s sleep mode, weights from storage and device memory margin."""
-        self.tokenizer, self.template, self.seed, self.longtail = tokenizer, template, seed, longtail
+                 longtail: bool = False, recipe: Recipe = Recipe(), **engine_options):
+        """`recipe`: the reward's sources (rewards.py); `engine_options`: `Engine`'s sleep mode, weights
+        from storage and device memory margin."""
+        self.tokenizer, self.template, self.seed, self.longtail, self.recipe = tokenizer, template, seed, longtail, recipe
         self.judge_kind, self.parse = judge_kind, parser(judge_kind)
         self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
         self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
@@ -96,7 +98,7 @@ class GenRM:
             retry = replace(request, temperature=1.0, seed=sample_seed(self.seed, step, *request.key), retry=True,
                             generated=[], logprobs=[], rng_state=None, prefill_tokens=0)
         return Verdict(request.key, critique, len(done.token_ids), len(request.prompt_ids), reward or 0.0,
-                       reward is None, not request.retry, done.prefill_tokens, retry)
+                       reward is None, not request.retry, done.prefill_tokens, retry, self.recipe)
 
     def judge(self, samples, step: int) -> int:
         """Judges samples here, to completion (evaluation); returns the first-try parse failures."""
@@ -128,9 +130,13 @@ class Verdict:
     first_try: bool
     prefill_tokens: int  # prefilled again because the judge's sequence migrated
     retry: Request | None = None  # the judge tries once more (--on-parse-failure retry)
+    recipe: Recipe = Recipe()  # how the verdict and the rule sources make the reward
 
     def apply(self, sample) -> None:
+        """The one place a sample gets its reward: the judge's score with the recipe's rule scores."""
         sample.critique, sample.critique_tokens = self.critique, self.critique_tokens
-        sample.judge_prompt_tokens, sample.reward, sample.parse_failed = self.judge_prompt_tokens, self.reward, self.parse_failed
+        sample.judge_prompt_tokens, sample.parse_failed = self.judge_prompt_tokens, self.parse_failed
+        sample.scores = self.recipe.scores(sample.response, len(sample.response_ids), sample.reference, self.reward)
+        sample.reward = self.recipe.reward(sample.scores)
         if self.first_try:
             sample.prefill_tokens += self.prefill_tokens

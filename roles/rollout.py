@@ -1,5 +1,5 @@
 """The policy's side of a step: G sampled responses per prompt, and greedy answers for evaluation."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,7 +19,8 @@ class Sample:
     reference: str | None = None
     prompt: str = ""
     rubric: str | None = None  # the rubric judge's criteria for this prompt
-    reward: float = 0.0
+    reward: float = 0.0  # what the update uses: the sources' scores, weighed by --reward (rewards.py)
+    scores: dict[str, float] = field(default_factory=dict)  # each reward source's score
     critique: str = ""
     parse_failed: bool = False
     advantage: float = 0.0

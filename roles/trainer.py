@@ -3,10 +3,11 @@
 GRPO, per group of G responses to one prompt: advantage_i = (r_i - mean(r)) / (std(r) + eps), the same
 for every token of response i (a group of equal rewards gives zero advantages and no gradient). The loss
 is PPO's clipped ratio objective against the rollout's sampling logprobs, summed over every response
-token of the step and divided by that token count (token-level normalisation), plus an optional k3 KL
-penalty to a frozen reference policy. As in verl, the log-ratio is clamped before exp and a dual clip
-bounds the loss of tokens with a negative advantage; an optimizer step whose gradient norm is not
-finite is skipped.
+token of the step and divided by that token count (token-level normalisation; `--loss-agg` offers
+verl's per-sequence means instead), plus an optional k3 KL penalty to a frozen reference policy. As in
+verl, the log-ratio is clamped before exp and a dual clip bounds the loss of tokens with a negative
+advantage; an optimizer step whose gradient norm is not finite is skipped. The upper clip may be wider
+than the lower (DAPO's clip-higher) and the learning rate may warm up linearly.
 
 Rollout correction (`rollout_is`, for samples that older weights generated: --max-staleness K > 0): the
 ratio is taken against pi_old, the logprobs of the weights the update starts from, recomputed here, and
@@ -43,17 +44,23 @@ LOG_RATIO_BOUND = 20.0
 
 def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   clip_eps: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
-                  clip_ratio_c: float = 0.0, is_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Sum over masked tokens of the per-token GRPO loss; the caller divides by the token count.
+                  clip_ratio_c: float = 0.0, clip_eps_high: float | None = None,
+                  is_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum over tokens of the per-token GRPO loss times `mask` (1 per response token, or the weights of
+    `token_weights`); the caller divides by `loss_denominator`.
 
     logp, old_logp, mask, ref_logp, is_weights: [batch, T]; advantages: [batch] (broadcast over tokens).
-    `clip_ratio_c` > 1 turns on the dual clip for negative advantages; 0 leaves it off. `is_weights`
-    (rollout correction) scale each token's policy loss, not its KL term, as verl's do."""
+    `clip_ratio_c` > 1 turns on the dual clip for negative advantages; 0 leaves it off. The ratio is
+    clipped to [1 - clip_eps, 1 + clip_eps_high] (clip_eps_high None: clip_eps). `is_weights` (rollout
+    correction) scale each token's policy loss, not its KL term, as verl's do."""
     adv = advantages[:, None]
     # Clamped as verl's compute_policy_loss does: an unbounded ratio overflows to inf, and where the
     # clipped term wins the unclipped one's gradient is then 0 * inf = NaN.
     ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
-    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    # Clip-higher (DAPO, Yu et al. 2025, arXiv:2503.14476, section 3.1): a wider upper bound lets a
+    # low-probability token with a positive advantage grow further before its gradient stops.
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv)
     if clip_ratio_c:
         # Dual clip (Ye et al. 2020, arXiv:1912.09729; verl's clip_ratio_c): with a negative advantage the
         # loss is at most -clip_ratio_c * A, so a token whose ratio has run far past 1 stops pulling.
@@ -64,6 +71,34 @@ def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
         delta = ref_logp - logp
         per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1)
     return (per_token * mask).sum()
+
+
+# How the token losses of a minibatch become its loss: verl's loss_agg_mode (agg_loss in
+# verl/trainer/ppo/core_algos.py). token-mean: the mean over all response tokens; seq-mean-token-mean:
+# each response's token mean, then the mean over responses (textbook GRPO); seq-mean-token-sum: each
+# response's token sum, then the mean over responses (Dr. GRPO's unnormalised length, arXiv:2503.20783).
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def token_weights(mask: torch.Tensor, loss_agg: str) -> torch.Tensor:
+    """The weight of each token's loss in the minibatch's sum ([batch, T]): the mask itself, or under
+    seq-mean-token-mean the mask over its response's length. Each response's weights depend on that
+    response alone, so sums over any split of a minibatch (micro-batches, early training) add up."""
+    if loss_agg == "seq-mean-token-mean":
+        return mask / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+    return mask
+
+
+def loss_denominator(tokens: int, responses: int, loss_agg: str) -> int:
+    """What the minibatch's weighted loss sum is divided by: its response tokens (token-mean), else its
+    responses."""
+    return max(tokens if loss_agg == "token-mean" else responses, 1)
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """The learning rate of optimizer step `step` (1, 2, ...): linear warm-up from lr / warmup_steps at
+    the first step to lr at step warmup_steps and after (0: lr throughout)."""
+    return lr * step / warmup_steps if step < warmup_steps else lr
 
 
 ROLLOUT_IS = ("off", "token", "sequence")
@@ -175,7 +210,7 @@ def micro_batches(samples: list, max_samples: int, max_tokens: int = 0) -> list[
 # What early training adds up over a step (PolicyTrainer.accumulate's sums): nothing yet. `is_*`: the
 # rollout correction's weights (sum, tokens truncated, largest).
 NO_EARLY = {"loss_sum": 0.0, "clipped": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "is_sum": 0.0, "is_truncated": 0.0,
-            "is_max": 0.0, "tokens": 0}
+            "is_max": 0.0, "tokens": 0, "samples": 0}
 _MAXIMA = ("gap_max", "is_max")
 
 
@@ -207,11 +242,13 @@ class PolicyTrainer:
                  weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
                  temperature: float, micro_batch: int, micro_batch_tokens: int = 0,
                  activation_checkpointing: bool = False, clip_ratio_c: float = 3.0,
-                 adam_betas: tuple[float, float] = (0.9, 0.99), rollout_is: str = "off",
+                 adam_betas: tuple[float, float] = (0.9, 0.99), clip_eps_high: float | None = None,
+                 lr_warmup_steps: int = 0, loss_agg: str = "token-mean", rollout_is: str = "off",
                  rollout_is_threshold: float = 2.0):
         self.state, self.group, self.device = state, group, device
         self.rollout_is, self.rollout_is_threshold = rollout_is, rollout_is_threshold
         self.clip_eps, self.clip_ratio_c, self.kl_coef, self.temperature = clip_eps, clip_ratio_c, kl_coef, temperature
+        self.clip_eps_high, self.lr, self.lr_warmup_steps, self.loss_agg = clip_eps_high, lr, lr_warmup_steps, loss_agg
         self.grad_clip, self.micro_batch, self.micro_batch_tokens = grad_clip, micro_batch, micro_batch_tokens
         self.activation_checkpointing = activation_checkpointing
         # Named after the group: meshes compare equal by ranks alone, so a group destroyed and made again
@@ -341,16 +378,17 @@ class PolicyTrainer:
         """Early training: forward and backward over `samples` (judged groups of the step's only
         minibatch), adding their gradients to this group's; the optimizer steps later, in `train_step`,
         once every group is in. Every train rank is handed the same samples and works on its strided
-        share. The step's token count is not known yet, so these gradients are token sums, scaled to a
-        token-level mean when `train_step` finishes the minibatch. Returns this group's sums over them:
-        loss, clipped tokens, response tokens and the logprob gap (see `train_step`)."""
+        share. The step's token and response counts are not known yet, so these gradients are weighted
+        sums (`token_weights`: each response's weights are its own), divided by `loss_denominator` when
+        `train_step` finishes the minibatch. Returns this group's sums over them: loss, clipped tokens,
+        response tokens, responses and the logprob gap (see `train_step`)."""
         if not self.accumulated:
             self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
-        sums = self._backward(samples, total_tokens=1)
+        sums = self._backward(samples, denominator=1)
         tokens = sum(len(s.response_ids) for s in samples)
         self.accumulated += tokens
-        return {**sums, "tokens": tokens}
+        return {**sums, "tokens": tokens, "samples": len(samples)}
 
     def agree(self, mine: bool) -> bool:
         """Whether any rank of the train group says yes: one small all-reduce, on the group's device."""
@@ -358,9 +396,9 @@ class PolicyTrainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
-    def _backward(self, samples: list, total_tokens: int) -> dict:
+    def _backward(self, samples: list, denominator: int) -> dict:
         """Forward and backward of this rank's strided share of `samples`, the loss sum over
-        `total_tokens`; returns the group's loss sum, clipped-token count and logprob gap (sum, max)."""
+        `denominator` (`loss_denominator`); returns the group's loss sum, clipped-token count and logprob gap (sum, max)."""
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
         # Every rank runs the same number of micro-steps: FSDP's collectives must pair up. Each rank
         # holds the whole of `samples`, so each knows every rank's share without asking.
@@ -371,8 +409,8 @@ class PolicyTrainer:
         for i in range(micro_steps):
             chunk = mine[i] if i < len(mine) else []
             loss, counts, maxima = self._micro_step(chunk or samples[:1], real=bool(chunk))
-            # FSDP averages gradients over the group; this scale makes them token-level means.
-            (loss * world / total_tokens).backward()
+            # FSDP averages gradients over the group; this scale makes them the minibatch's mean.
+            (loss * world / denominator).backward()
             # Kept on the device: no host round trip per micro-step.
             sums += torch.cat([loss.detach().reshape(1), counts])
             largest = torch.maximum(largest, maxima)
@@ -401,18 +439,22 @@ class PolicyTrainer:
             carried = early if index == 0 and early else NO_EARLY
             assert carried["tokens"] == (self.accumulated if index == 0 else 0), "early gradients out of step"
             total_tokens = sum(len(s.response_ids) for s in mb) + carried["tokens"]
+            denominator = loss_denominator(total_tokens, len(mb) + carried["samples"], self.loss_agg)
             if carried["tokens"]:
-                for p in self.model.parameters():  # the early token sums, as a share of the token mean
+                for p in self.model.parameters():  # the early weighted sums, as a share of the mean
                     if p.grad is not None:
-                        p.grad.mul_(1.0 / total_tokens)
+                        p.grad.mul_(1.0 / denominator)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
-            sums = self._backward(mb, max(total_tokens, 1)) if mb else NO_EARLY
+            sums = self._backward(mb, denominator) if mb else NO_EARLY
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             faults.point("train", dist.get_rank())
             if torch.isfinite(grad_norm):
+                if self.lr_warmup_steps:
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = warmup_lr(self.lr, self.steps + 1, self.lr_warmup_steps)
                 self.optimizer.step()
                 skipped_in_row = 0
             else:
@@ -429,7 +471,7 @@ class PolicyTrainer:
                     stats["rollout_is_max"] = max(sums["is_max"], carried["is_max"])
                     stats["rollout_is_truncated"] = ((sums["is_truncated"] + carried["is_truncated"])
                                                      / max(total_tokens, 1))
-            stats["loss"] += (sums["loss_sum"] + carried["loss_sum"]) / max(total_tokens, 1) / len(minibatches)
+            stats["loss"] += (sums["loss_sum"] + carried["loss_sum"]) / denominator / len(minibatches)
             stats["clip_frac"] += (sums["clipped"] + carried["clipped"]) / max(total_tokens, 1) / len(minibatches)
             stats["grad_norm"] += grad_norm.item() / len(minibatches)
             stats["tokens"] += total_tokens
@@ -477,10 +519,14 @@ class PolicyTrainer:
             weights, truncated = rollout_is_weights(old, batch["old_logp"], mask, self.rollout_is,
                                                     self.rollout_is_threshold)
             is_sum, is_truncated, is_max = weights.sum(), truncated.sum(), weights.max()
-        loss = grpo_loss_sum(logp, old, advantages, mask, self.clip_eps, ref, self.kl_coef, self.clip_ratio_c,
-                             weights)
+        loss = grpo_loss_sum(logp, old, advantages, token_weights(mask, self.loss_agg), self.clip_eps, ref,
+                             self.kl_coef, self.clip_ratio_c, self.clip_eps_high, weights)
         with torch.no_grad():
-            clipped = (((torch.exp(logp - old) - 1).abs() > self.clip_eps).float() * mask).sum()
+            ratio = torch.exp(logp - old)
+            if self.clip_eps_high is None:
+                clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum()
+            else:
+                clipped = (((ratio > 1 + self.clip_eps_high) | (ratio < 1 - self.clip_eps)).float() * mask).sum()
             gap = (logp - batch["old_logp"]).abs() * mask
         return (loss, torch.stack([clipped, gap.sum(), is_sum, is_truncated]).detach(),
                 torch.stack([gap.max(), is_max]).detach())

@@ -8,11 +8,13 @@ from conftest import ROOT, torchrun
 pytestmark = pytest.mark.slow
 
 
-def test_trained_weights_reload_into_vllm_for_each_architecture(arch_models, tmp_path):
+def test_trained_weights_reload_into_vllm_and_export_for_each_architecture(arch_models, tmp_path):
     """The trainer's parameter names (transformers 5 fuses a MoE layer's experts) reach vLLM, and the
-    engine then decodes greedily exactly as transformers does; the MoE experts train."""
-    # qwen2: tests/test_weight_sync.py. The MoE engine comes last, after dense ones in the same process.
-    dirs = [arch_models[a] for a in ("llama", "qwen3", "qwen3_moe")]
+    engine then decodes greedily exactly as transformers does; the MoE experts train. After two steps
+    the exported Hugging Face directory gives transformers the trainer's logits (fp32, within 1e-5) and
+    a vLLM engine started from it the reloaded engine's greedy tokens."""
+    # The MoE engine comes last, after dense ones in the same process.
+    dirs = [arch_models[a] for a in ("qwen2", "llama", "qwen3", "qwen3_moe")]
     torchrun(ROOT / "tests/workers/arch_reload.py", tmp_path, *dirs)
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -21,6 +23,9 @@ def test_trained_weights_reload_into_vllm_for_each_architecture(arch_models, tmp
             assert r["vllm"] == r["hf"], model_dir
             assert r["moved"]["other"] > 1e-3
             assert r["unloaded"] in ([], ["lm_head.weight"]) and r["unexpected"] == []  # a tied head only
+            assert r["logits_gap"] <= 1e-5 and r["vllm_from_export"] == r["vllm"], (model_dir, r)
+            assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                    "tokenizer_config.json"} <= set(r["exported_files"]), r["exported_files"]
         assert results[str(arch_models["qwen3_moe"])]["moved"]["experts"] > 1e-3
 
 
@@ -51,7 +56,7 @@ def two_steps(tmp_path, policy, genrm, *extra):
         # 8 critique tokens of a character tokenizer cannot spell a verdict line ("verdict: wrong" has 14),
         # and the random judges (greedy, seeded) write no score line: every output is a counted parse
         # failure, scored 0
-        assert r["genrm_parse_failures"] == r["samples"] and r["reward_mean"] == 0.0
+        assert r["genrm_parse_failures"] == r["samples"] and r["reward_sources"]["genrm"] == 0.0
     info = json.loads((out / "run_info.json").read_text())
     return proc.stdout, records, info, out
 
@@ -93,8 +98,23 @@ def test_qwen2_policy_with_moe_rubric_judge_parquet(arch_models, tmp_path):
     assert info["train_prompts"] == 8 and info["eval_prompts"] == 2
 
 
-def test_chat_template_policy_qwen3_with_qwen2_judge(arch_models, tmp_path):
+def test_chat_template_policy_qwen3_with_qwen2_judge_and_rule_rewards(arch_models, tmp_path):
+    """With rule sources beside the judge: each sample's reward is the sum of its scores times their
+    coefficients, each source's step mean is in the metrics and the console line."""
     data = write_data(tmp_path / "train.jsonl", 8)
-    _, _, info, _ = two_steps(tmp_path, arch_models["qwen3"], arch_models["qwen2"], "--data", data,
-                              "--eval-split", 0.25)
+    stdout, records, info, out = two_steps(tmp_path, arch_models["qwen3"], arch_models["qwen2"], "--data", data,
+                                           "--eval-split", 0.25, "--reward", "genrm=1,exact=2,overlong=0.5",
+                                           "--overlong-buffer", 4)
     assert info["policy_chat_template"] and not info["genrm_chat_template"]
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 8
+    for row in rows:
+        s = row["scores"]
+        assert row["reward"] == pytest.approx(s["genrm"] + 2 * s["exact"] + 0.5 * s["overlong"])
+        assert s["overlong"] == min(0.0, (8 - 4 - row["response_tokens"]) / 4)
+        assert s["exact"] == float(row["response"].rsplit(">", 1)[-1].strip() == row["reference"] and ">" in row["response"])
+    for r in records[:2]:
+        step = [x for x in rows if x["step"] == r["step"]]
+        for name in ("genrm", "exact", "overlong"):
+            assert r["reward_sources"][name] == pytest.approx(sum(x["scores"][name] for x in step) / len(step))
+        assert f"(genrm 0.000 exact {r['reward_sources']['exact']:.3f} overlong " in stdout

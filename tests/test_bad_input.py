@@ -69,6 +69,28 @@ def test_a_resume_whose_data_or_models_differ(tmp_path):
     refused(["--out", out], "holds a run with other settings, so it cannot resume: --data .*rubric_example.jsonl")
 
 
+def test_a_reward_source_that_needs_a_reference_refuses_data_without_one(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "reference": "2"}\n{"prompt": "2+2="}\n')
+    refused([*DRY, "--data", tmp_path / "data.jsonl", "--eval-split", 0.5, "--reward", "genrm=1,exact=1"],
+            r'--reward genrm=1,exact=1: exact compares each answer with its record\'s "reference", and 1 records')
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--reward", "genrm=1,judge=2"], "'judge' is not a reward source; use genrm, exact, overlong"),
+    (["--reward", "overlong=1"], "has overlong, which needs --overlong-buffer N from 1 to --max-response-tokens"),
+    (["--reward", "overlong=1", "--overlong-buffer", 65], r"--max-response-tokens \(64\); got 65"),
+])
+def test_a_reward_recipe_that_cannot_be_used(flags, message):
+    refused([*DRY, *flags], message)
+
+
+def test_wandb_project_without_wandb_installed():
+    import importlib.util
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here: the refusal cannot happen")
+    refused([*DRY, "--wandb-project", "pivot"], "--wandb-project pivot: wandb is not installed: pip install wandb")
+
+
 def test_a_bad_kill_spec(monkeypatch):
     monkeypatch.setenv("PIVOT_KILL", "1:judging:2")
     refused(DRY, "PIVOT_KILL='1:judging:2': expected RANK:POINT:N with POINT one of rollout, genrm")
@@ -86,6 +108,8 @@ def test_a_bad_kill_spec(monkeypatch):
     (["--clip-eps", 0], r"--clip-eps must be in \(0, 1\)"),
     (["--clip-eps", 1], r"--clip-eps must be in \(0, 1\)"),
     (["--kl-coef", -0.01], "--kl-coef must be 0 or more"),
+    (["--clip-eps-high", 0], "--clip-eps-high must be above 0: the ratio's upper clip"),
+    (["--lr-warmup-steps", -1], "--lr-warmup-steps must be 0 or more"),
     (["--eval-split", 1], r"--eval-split must be in \[0, 1\)"),
     (["--eval-split", -0.1], r"--eval-split must be in \[0, 1\)"),
     (["--eval-prompts", 0], "--eval-prompts must be at least 1"),
@@ -93,6 +117,7 @@ def test_a_bad_kill_spec(monkeypatch):
     (["--max-model-len", 1], "--max-model-len must be at least 2: a prompt token and a response token"),
     (["--max-response-tokens", 0], "--max-response-tokens must be at least 1"),
     (["--max-critique-tokens", 0], "--max-critique-tokens must be at least 1"),
+    (["--overlong-buffer", -1], "--overlong-buffer must be 0 or more"),
     (["--prompts-per-step", 0], "--prompts-per-step must be at least 1"),
     (["--force-shift-rate", 1.5], r"--force-shift-rate must be in \[0, 1\]"),
     (["--force-shift-rate", -0.2], r"--force-shift-rate must be in \[0, 1\]"),

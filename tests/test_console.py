@@ -108,9 +108,18 @@ RECORDS = [
 def test_step_and_eval_lines():
     assert report.eval_line(RECORDS[0]) == ("eval at step 0 | accuracy 0.250 | judge agreement 1.000 | "
                                             "8 held-out prompts")
-    assert report.step_line(RECORDS[0], 2) == ("step 0/2 | reward 0.250 | 8.0 samples/s | 2.0 s | "
-                                               "busy s: rollout 1.0 genrm 2.0 train 0.5")
-    assert report.step_line(RECORDS[1], 2).endswith("| judge outputs unparsed 3")
+    assert report.step_line(RECORDS[0], 2, 2.2, 2.2) == ("step 0/2 | reward 0.250 | 8.0 samples/s | 2.0 s | "
+                                                         "busy s: rollout 1.0 genrm 2.0 train 0.5 | elapsed 2s eta 2s")
+    assert report.step_line(RECORDS[1], 2, 6.5, 0).endswith("| elapsed 6s eta 0s | judge outputs unparsed 3")
+    sources = {**RECORDS[1], "reward_sources": {"genrm": 0.5, "exact": 0.75, "overlong": -0.125}}
+    assert report.step_line(sources, 2, 0, 0).startswith("step 1/2 | reward 0.750 (genrm 0.500 exact 0.750 overlong -0.125) |")
+    # the judge alone: the reward is its score, said once
+    assert "(" not in report.step_line({**RECORDS[1], "reward_sources": {"genrm": 0.75}}, 2, 0, 0)
+
+
+def test_elapsed_and_eta_clock():
+    assert [report.clock(s) for s in (0, 42.4, 59.6, 187, 3599, 7500)] == ["0s", "42s", "1m00s", "3m07s", "59m59s",
+                                                                       "2h05m"]
 
 
 def test_summary_reads_the_whole_run(tmp_path):
@@ -128,6 +137,10 @@ def test_curves_plot_each_metric_by_step(tmp_path):
     assert report.series(RECORDS, "eval_accuracy") == ([0, 2], [0.25, 0.5])
     assert report.series(RECORDS, "genrm_agreement") == ([0, 2], [1.0, 0.875])
     assert report.series(RECORDS, "samples_per_s") == ([0, 1], [8.0, 4.0])
+    assert report.series([{"step": 3, "reward_sources": {"exact": 0.5}}], "reward_sources.exact") == ([3], [0.5])
+    assert report.source_lines(RECORDS) == []
+    assert [m for m, _, _ in report.source_lines([{"reward_sources": {"genrm": 1, "exact": 0}}])] == [
+        "reward_sources.genrm", "reward_sources.exact"]
     plotted = {metric for _, _, lines, _ in report.PANELS for metric, _, _ in lines}
     assert {"reward_mean", "eval_accuracy", "genrm_agreement", "samples_per_s"} <= plotted
     report.draw_curves(tmp_path, RECORDS)

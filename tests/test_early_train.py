@@ -4,14 +4,17 @@ import json
 import pytest
 
 from conftest import POLICY, ROOT, torchrun
+from roles.trainer import LOSS_AGGS
 
 pytestmark = pytest.mark.slow
 
 
 def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
+    """Under each --loss-agg: its weights are each response's own, so early sums add up to the step's."""
     torchrun(ROOT / "tests/workers/early_train.py", POLICY, tmp_path)
-    for rank in (0, 1):
-        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for rank, agg in ((rank, agg) for rank in (0, 1) for agg in LOSS_AGGS):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())[agg]
+        assert r["early_samples"] == 12  # three groups of four
         assert r["moved"] > 1e-4  # the step changes the weights, so the gaps below mean something
         # early groups trained on rank 1 alone, carried through storage to both ranks
         assert r["stored_tokens"] == r["early_tokens"] > 0
@@ -32,3 +35,7 @@ def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
             # every forward pass, early or not, scores the step's tokens with the weights that sampled them
             assert stats["logprob_gap_mean"] == pytest.approx(whole["logprob_gap_mean"], rel=1e-5)
             assert stats["logprob_gap_max"] == pytest.approx(whole["logprob_gap_max"], rel=1e-5)
+    for rank in (0, 1):
+        runs = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        losses = [runs[agg]["stats"][2]["loss"] for agg in LOSS_AGGS]
+        assert len(set(losses)) == len(LOSS_AGGS), losses  # three different losses, each kept exact above

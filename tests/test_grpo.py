@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from roles.trainer import grpo_advantages, grpo_loss_sum, micro_batches, pack
+from roles.trainer import (LOSS_AGGS, grpo_advantages, grpo_loss_sum, loss_denominator, micro_batches, pack,
+                           token_weights, warmup_lr)
 from roles.rollout import Sample
 
 
@@ -46,6 +47,44 @@ def test_loss_clipping(log_ratio, adv, expected):
     old = torch.tensor([[-1.0]])
     loss = grpo_loss_sum(old + log_ratio, old, torch.tensor([adv]), torch.ones(1, 1), clip_eps=0.2)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("log_ratio, adv, expected", [
+    (math.log(1.25), 1.0, -1.25),   # ratio 1.25: within 1 + 0.28, positive advantage, unclipped
+    (0.5, 1.0, -1.28),              # ratio 1.65 > 1.28: clipped at the higher bound
+    (-0.5, -1.0, 0.8),              # the lower bound stays 1 - 0.2
+    (0.5, -1.0, math.exp(0.5)),     # negative advantage above the bound: the unclipped term wins
+])
+def test_clip_higher(log_ratio, adv, expected):
+    """DAPO's clip-higher: the ratio clipped to [1 - 0.2, 1 + 0.28]."""
+    old = torch.tensor([[-1.0]])
+    loss = grpo_loss_sum(old + log_ratio, old, torch.tensor([adv]), torch.ones(1, 1), clip_eps=0.2,
+                         clip_eps_high=0.28)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_loss_aggregations_by_hand():
+    """verl's agg_loss (verl/trainer/ppo/core_algos.py) on two responses of 2 and 1 tokens whose token
+    losses are 1, 2 (and a padded 5) and 4: token-mean (1 + 2 + 4) / 3, seq-mean-token-mean
+    (1.5 + 4) / 2, seq-mean-token-sum (3 + 4) / 2. On policy with advantage -1 each token's loss is 1,
+    so an advantage of -x gives token loss x."""
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    per_token = torch.tensor([[1.0, 2.0, 5.0], [4.0, 0.0, 0.0]])
+    expected = {"token-mean": 7 / 3, "seq-mean-token-mean": 2.75, "seq-mean-token-sum": 3.5}
+    assert set(expected) == set(LOSS_AGGS)
+    for agg, value in expected.items():
+        weights = token_weights(mask, agg)
+        # the loss is linear in the advantage per token: sum the per-token losses through the weights
+        total = sum(grpo_loss_sum(logp[:, t:t + 1], logp[:, t:t + 1], -per_token[:, t], weights[:, t:t + 1],
+                                  clip_eps=0.2) for t in range(3))
+        assert (total / loss_denominator(3, 2, agg)).item() == pytest.approx(value, rel=1e-6), agg
+    assert torch.equal(token_weights(mask, "token-mean"), mask)  # token-mean: the mask itself
+
+
+def test_learning_rate_warm_up_by_hand():
+    assert [warmup_lr(1e-3, k, 4) for k in (1, 2, 3, 4, 5)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert [warmup_lr(1e-3, k, 0) for k in (1, 2)] == [1e-3, 1e-3]
 
 
 def test_clipped_tokens_have_no_gradient():

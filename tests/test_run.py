@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import SMALL_STEPS, same_run
+from conftest import ROOT, SMALL, SMALL_STEPS, same_run, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +40,27 @@ def test_console_is_one_line_per_step_and_evaluation_then_a_summary(uninterrupte
     expected = [r"data: 5000 training prompts, 8 held-out; .*",
                 r"eval at step 0 \| accuracy \d\.\d{3} \| judge agreement \d\.\d{3} \| 8 held-out prompts",
                 *[rf"step {k}/3 \| reward \d\.\d{{3}} \| [\d.]+ samples/s \| [\d.]+ s \| busy s: rollout [\d.]+ "
-                  rf"genrm [\d.]+ train [\d.]+" for k in range(SMALL_STEPS)],
+                  rf"genrm [\d.]+ train [\d.]+ \| elapsed [\dhms]+ eta [\dhms]+" for k in range(SMALL_STEPS)],
                 r"eval at step 3 \| accuracy \d\.\d{3} \| judge agreement \d\.\d{3} \| 8 held-out prompts",
                 r"done: 3 steps, 48 samples in \d+ s of steps \([\d.]+ samples/s\); eval accuracy \d\.\d{3} at "
                 r"step 0 -> \d\.\d{3} at step 3, judge agreement \d\.\d{3}",
                 rf"files in {re.escape(str(out))}: checkpoints/ config.json curves.png events.out.tfevents.\S+ "
-                r"metrics.jsonl run_info.json samples.jsonl timeline.jsonl timeline.png timeline_step.png"]
+                r"metrics.jsonl model/ run_info.json samples.jsonl timeline.jsonl timeline.png timeline_step.png"]
     rest = [line for line in lines if line not in real]
     assert len(rest) == len(expected), "\n".join(rest)
     for line, pattern in zip(rest, expected):
         assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_a_run_from_the_exported_model_starts_where_the_first_ended(uninterrupted, tmp_path):
+    """OUT/model is the final policy: the last checkpoint's model/ holds the same weights, and a run
+    from --policy OUT/model with the same seed evaluates to the first run's final eval accuracy."""
+    out, _ = uninterrupted("colocated")
+    final = out / f"checkpoints/step-{SMALL_STEPS:06d}/model/model.safetensors"
+    assert (out / "model/model.safetensors").read_bytes() == final.read_bytes()
+    again = tmp_path / "again"
+    torchrun(ROOT / "pivot_train.py", *SMALL, "--steps", 0, "--policy", out / "model", "--out", again)
+    first, second = rows(out, "metrics.jsonl")[-1], rows(again, "metrics.jsonl")[0]
+    assert second["step"] == 0 and first["step"] == SMALL_STEPS
+    for key in ("eval_accuracy", "genrm_agreement", "genrm_confusion"):
+        assert second[key] == first[key], key

@@ -2,7 +2,6 @@
 behind the rollout. Every update trains the G responses of each of its step's prompts, each judged once,
 sampled by weights at most K versions older than the update's own (exactly min(u, K) here: the pipeline's
 first K steps are sampled by the starting weights); migrations and restarts change no sample."""
-import json
 
 import pytest
 

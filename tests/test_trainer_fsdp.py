@@ -73,7 +73,7 @@ def test_micro_batching_budgets_and_checkpointing_leave_the_update_unchanged(tmp
         assert runs["1 minibatches, budget 120 tokens"]["micro_steps"] == [[4, 3]]
 
 
-def test_betas_and_steps_skipped_for_a_non_finite_gradient(tmp_path):
+def test_betas_warm_up_and_steps_skipped_for_a_non_finite_gradient(tmp_path):
     torchrun(ROOT / "tests/workers/trainer_fsdp.py", tmp_path, "safeguards", POLICY)
     for rank in (0, 1):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -87,3 +87,7 @@ def test_betas_and_steps_skipped_for_a_non_finite_gradient(tmp_path):
             assert run["unchanged"] and run["steps"] == 1
         assert good["skipped_updates"] == 0 and good["skipped_in_row"] == 0
         assert not good["unchanged"] and good["steps"] == 2
+        # --lr-warmup-steps 4: the first step at a quarter of the rate moves each weight a quarter as far,
+        # to the rounding of fp32 weights near 1 (6e-8); at the full rate it would be 3/4 of `moved` off
+        off, moved = r["warmup"]
+        assert moved > 1e-4 and off < 1e-3 * moved

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from batches import well_conditioned
 from roles.rollout import Sample
-from roles.trainer import NO_EARLY, PolicyTrainer, add_early, grpo_advantages
+from roles.trainer import LOSS_AGGS, NO_EARLY, PolicyTrainer, add_early, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
 from storage import TrainState
 
@@ -50,51 +50,58 @@ def gap(a: dict, b: dict) -> float:
 
 
 samples = step_samples()
-early_groups = [[0, 1], [3]]  # two rounds of early training
-trained = [p for groups in early_groups for p in groups]
-rest = [s for s in samples if s.prompt_index not in trained]
 
-def trainer_for(state: TrainState, group) -> PolicyTrainer:
+
+def trainer_for(state: TrainState, group, hyper: dict) -> PolicyTrainer:
     """A trainer whose AdamW is linear in the gradients: the early gradients are sums in another order."""
     trainer = PolicyTrainer(state, group, d.device, **hyper)
     well_conditioned(trainer)
     return trainer
 
 
-whole = trainer_for(TrainState(d, policy_dir, keep_reference=False), d.tensors)
-whole.train_step([samples])
-reference = weights(whole)
+def compare(hyper: dict) -> dict:
+    early_groups = [[0, 1], [3]]  # two rounds of early training
+    trained = [p for groups in early_groups for p in groups]
+    rest = [s for s in samples if s.prompt_index not in trained]
 
-# Rank 1 trains the early groups alone; the state (with its gradients) goes through storage to both.
-state = TrainState(d, policy_dir, keep_reference=False, keep_grads=True)
-alone = dist.new_group([1])
-early = NO_EARLY
-trainer = None
-if d.rank == 1:
-    trainer = PolicyTrainer(state, alone, d.device, **hyper)
+    whole = trainer_for(TrainState(d, policy_dir, keep_reference=False), d.tensors, hyper)
+    whole.train_step([samples])
+    reference = weights(whole)
+
+    # Rank 1 trains the early groups alone; the state (with its gradients) goes through storage to both.
+    state = TrainState(d, policy_dir, keep_reference=False, keep_grads=True)
+    alone = dist.new_group([1])
+    early = NO_EARLY
+    trainer = None
+    if d.rank == 1:
+        trainer = PolicyTrainer(state, alone, d.device, **hyper)
+        for groups in early_groups:
+            early = add_early(early, trainer.accumulate([s for s in samples if s.prompt_index in groups]))
+    state.save(trainer)
+    shared = [None, None]
+    dist.all_gather_object(shared, early)
+    early = shared[1]
+    stored_tokens = state.stored_grad_tokens()
+    final = trainer_for(state, d.tensors, hyper)
+    stats = final.train_step([rest], early)
+    carried = gap(weights(final), reference)
+
+    # The early group is the final one: no regroup, the gradients never leave the trainer.
+    kept = trainer_for(TrainState(d, policy_dir, keep_reference=False, keep_grads=True), d.tensors, hyper)
+    early = NO_EARLY
     for groups in early_groups:
-        early = add_early(early, trainer.accumulate([s for s in samples if s.prompt_index in groups]))
-state.save(trainer)
-shared = [None, None]
-dist.all_gather_object(shared, early)
-early = shared[1]
-stored_tokens = state.stored_grad_tokens()
-final = trainer_for(state, d.tensors)
-stats = final.train_step([rest], early)
-carried = gap(weights(final), reference)
+        early = add_early(early, kept.accumulate([s for s in samples if s.prompt_index in groups]))
+    kept_stats = kept.train_step([rest], early)
+    in_place = gap(weights(kept), reference)
 
-# The early group is the final one: no regroup, the gradients never leave the trainer.
-kept = trainer_for(TrainState(d, policy_dir, keep_reference=False, keep_grads=True), d.tensors)
-early = NO_EARLY
-for groups in early_groups:
-    early = add_early(early, kept.accumulate([s for s in samples if s.prompt_index in groups]))
-kept_stats = kept.train_step([rest], early)
-in_place = gap(weights(kept), reference)
+    whole_again = trainer_for(TrainState(d, policy_dir, keep_reference=False), d.tensors, hyper)
+    whole_stats = whole_again.train_step([samples])
+    return {"positions": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples), "carried_gap": carried, "in_place_gap": in_place, "stored_tokens": stored_tokens,
+            "early_tokens": early["tokens"], "early_samples": early["samples"], "moved": gap(reference, weights(
+                PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper))),
+            "stats": [stats, kept_stats, whole_stats]}
 
-whole_again = trainer_for(TrainState(d, policy_dir, keep_reference=False), d.tensors)
-whole_stats = whole_again.train_step([samples])
-json.dump({"positions": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples), "carried_gap": carried, "in_place_gap": in_place, "stored_tokens": stored_tokens,
-           "early_tokens": early["tokens"], "moved": gap(reference, weights(PolicyTrainer(
-               TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper))),
-           "stats": [stats, kept_stats, whole_stats]}, open(f"{out}/rank{d.rank}.json", "w"))
+
+results = {agg: compare({**hyper, "loss_agg": agg}) for agg in LOSS_AGGS}
+json.dump(results, open(f"{out}/rank{d.rank}.json", "w"))
 shutdown_distributed(d)

@@ -160,7 +160,26 @@ def safeguards(d, args: list[str]) -> dict:
     trainer.close()
     state.close()
     return {"first": {k: first[k] for k in ("skipped_updates", "skipped_in_row")}, "betas_gap": betas,
-            "steps_before": steps, "runs": runs}
+            "steps_before": steps, "runs": runs, "warmup": warmup_moves(d, policy, samples)}
+
+
+def warmup_moves(d, policy: str, samples) -> list[float]:
+    """How far the first two optimizer steps under --lr-warmup-steps 4 move the weights, as a fraction
+    of how far the same steps move them at the full rate: AdamW's step is proportional to the learning
+    rate, decay included, so the warm-up's first step moves a quarter as far. The second step starts
+    from other weights, so only the first is compared."""
+    moves = []
+    for warmup in (4, 0):
+        state = TrainState(d, policy, keep_reference=False)
+        trainer = PolicyTrainer(state, d.tensors, d.device, temperature=1.0, micro_batch=4, lr_warmup_steps=warmup,
+                                **HYPER)
+        before = [p.to_local().clone() for p in trainer.model.parameters()]
+        trainer.train_step([samples])
+        moves.append(torch.cat([(p.to_local() - b).flatten() for p, b in zip(trainer.model.parameters(), before)]))
+        trainer.close()
+        state.close()
+    warm, full = moves
+    return [(warm - full / 4).abs().max().item(), full.abs().max().item()]
 
 
 def relative(a: dict, b: dict) -> float:
