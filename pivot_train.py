@@ -501,32 +501,14 @@ def main(argv=None):
             log_step(d, out, record, board, args.steps, clock)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
-        shifts = []
-        filling = {}
-        while len(pending) < min(args.max_staleness, args.steps - step):  # the first K steps, before any update
-            filled, _, generation = roll_out(step + len(pending), None)
-            pending.append(filled)
-            shifts += generation.pop("shifts")
-            filling = {key: filling.get(key, 0) + generation[key] for key in FILL_COUNTS}
-        # Update `step` trains step `step`'s samples: at K = 0 those rolled out now; at K > 0 those of K
-        # steps ago, through this step's rounds, while step + K is rolled out and judged.
-        pool = pending.popleft() if args.max_staleness else None
-        samples, early, generation = roll_out(step + args.max_staleness, pool)
-        if pool is None:
-            trained = samples
-        else:
-            trained = pool
-            if samples:
-                pending.append(samples)
+        samples, trained, early, generation = rollout_for_update(step, pending, roll_out, args)
         record.update(staleness_metrics(trained, step, args.max_staleness))
-        shifts += generation.pop("shifts") + to_train(context, placement)
+        shifts = generation.pop("shifts") + to_train(context, placement)
         stats = train_step(context, trained, early, timeline, args, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
         record.update(step_metrics(trained, stats, time.perf_counter() - begin, args))
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
-        for key, value in filling.items():  # the first update's record also counts the steps rolled out before it
-            record[key] += value
         record.update(timeline.close_step())
         # Bytes and seconds of the storage's publishes since the last record (weights, training-state saves,
         # gradients carried from an early train group).
@@ -555,6 +537,27 @@ def main(argv=None):
 # What the steps rolled out before the first update (--max-staleness K > 0) add to its record.
 FILL_COUNTS = ("genrm_requests", "genrm_parse_failures", "migrated_sequences", "migration_prefill_tokens",
                "rollout_judge_s", "rounds")
+
+
+def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
+    """Collective: the samples update `step` trains, and the rollout and judging that ran meanwhile. At
+    K = 0 those are step `step`'s, rolled out now. At K > 0 they are the oldest of `pending` (the steps
+    rolled out ahead, whose updates are still to come), which the train ranks work through during the
+    rounds of step + K, rolled out and judged now and added to `pending`; before the first update the
+    first K steps are rolled out with nothing to train (their figures go into this update's).
+    `roll_out(step, train_pool)` is `rollout_and_judge` for that step. Returns (the samples rolled out,
+    the samples to train, what early training did, the rollout's figures)."""
+    fill = {key: 0 for key in FILL_COUNTS} | {"shifts": []}
+    while len(pending) < min(args.max_staleness, args.steps - step):
+        filled, _, generation = roll_out(step + len(pending), None)
+        pending.append(filled)
+        fill = {key: fill[key] + generation[key] for key in fill}
+    pool = pending.popleft() if args.max_staleness else None
+    samples, early, generation = roll_out(step + args.max_staleness, pool)
+    if pool is not None and samples:
+        pending.append(samples)
+    generation = {**generation, **{key: fill[key] + generation[key] for key in fill}}
+    return samples, samples if pool is None else pool, early, generation
 
 
 def rollout_correction(args) -> str:

@@ -110,6 +110,8 @@ def test_a_bad_kill_spec(monkeypatch):
     (["--kl-coef", -0.01], "--kl-coef must be 0 or more"),
     (["--clip-eps-high", 0], "--clip-eps-high must be above 0: the ratio's upper clip"),
     (["--lr-warmup-steps", -1], "--lr-warmup-steps must be 0 or more"),
+    (["--max-staleness", -1], "--max-staleness must be 0 or more"),
+    (["--rollout-is-threshold", 1], "--rollout-is-threshold must be above 1: the largest importance weight kept"),
     (["--eval-split", 1], r"--eval-split must be in \[0, 1\)"),
     (["--eval-split", -0.1], r"--eval-split must be in \[0, 1\)"),
     (["--eval-prompts", 0], "--eval-prompts must be at least 1"),

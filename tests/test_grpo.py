@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from roles.trainer import (LOSS_AGGS, grpo_advantages, grpo_loss_sum, loss_denominator, micro_batches, pack,
-                           token_weights, warmup_lr)
+                           rollout_is_weights, token_weights, warmup_lr)
 from roles.rollout import Sample
 
 
@@ -204,3 +204,32 @@ def test_safeguard_flags_are_checked(flags, message):
     import pivot_train
     with pytest.raises(SystemExit, match=message):
         pivot_train.check_config(pivot_train.parse_args(flags))
+
+
+def test_rollout_correction_weights_by_hand():
+    """Two responses of 3 and 2 tokens (the last position padding): per token min(pi_old / pi_rollout, 2);
+    per sequence min(prod of the ratios, 2) on every token of the response."""
+    old = torch.tensor([[-1.0, -0.5, -2.0], [-0.1, -0.3, 0.0]])
+    rollout = torch.tensor([[-1.5, -0.4, -2.0], [-1.2, -0.2, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    weights, truncated = rollout_is_weights(old, rollout, mask, "token", 2.0)
+    assert weights.flatten().tolist() == pytest.approx([math.exp(0.5), math.exp(-0.1), 1.0, 2.0, math.exp(-0.1), 0.0])
+    assert truncated.tolist() == [[0, 0, 0], [1, 0, 0]]  # exp(1.1) = 3.0 > 2
+    weights, truncated = rollout_is_weights(old, rollout, mask, "sequence", 2.0)
+    first = math.exp(0.5 - 0.1)  # 1.49: kept
+    assert weights.flatten().tolist() == pytest.approx([first] * 3 + [2.0, 2.0, 0.0])  # exp(1.0) = 2.7: truncated
+    assert truncated.tolist() == [[0, 0, 0], [1, 1, 0]]
+
+
+def test_rollout_correction_weights_the_policy_loss_not_the_kl_term():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask, adv, ref = torch.ones(1, 2), torch.tensor([0.5]), torch.tensor([[-1.2, -1.9]])
+    weights = torch.tensor([[1.5, 0.25]])
+    # against pi_old = logp itself (the ratio is 1): the loss is -w * A per token, plus the k3 term
+    loss = grpo_loss_sum(logp, logp.detach(), adv, mask, 0.2, ref, 0.1, is_weights=weights)
+    kl = sum(math.exp(d) - d - 1 for d in (-0.2, 0.1))
+    assert loss.item() == pytest.approx(-0.5 * (1.5 + 0.25) + 0.1 * kl, rel=1e-6)
+    loss.backward()
+    # d/dlogp of -w * A * exp(logp - old) at logp = old is -w * A; the k3 term adds 0.1 * (1 - exp(ref - logp))
+    expected = [-1.5 * 0.5 + 0.1 * (1 - math.exp(-0.2)), -0.25 * 0.5 + 0.1 * (1 - math.exp(0.1))]
+    assert logp.grad[0].tolist() == pytest.approx(expected, rel=1e-6)
