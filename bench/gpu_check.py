@@ -52,6 +52,7 @@ class TrainSample:
     response_ids: list[int]
     logprobs: list[float]
     advantage: float
+    pi_old: list[float] | None = None  # the rollout correction's, which this check leaves off
 
 
 def synchronize(device: torch.device) -> None:

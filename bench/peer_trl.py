@@ -30,7 +30,7 @@ PivotRL's own parser (roles.genrm.parse_verdict: correct 1.0, wrong or unreadabl
 default `--on-parse-failure fail`), group-normalised advantages, the clipped ratio loss (clip 0.2, no KL:
 beta 0), token-level normalisation over the step's 128 responses (TRL's loss_type "dapo": the loss
 summed over every completion token of the accumulated batch and divided by their count, which is
-PivotRL's), one AdamW step per RL step (lr 5e-4 constant, betas 0.9/0.99, no weight decay, gradient
+PivotRL's), one AdamW step per RL step (pivot_train.py's lr, constant, betas 0.9/0.99, no weight decay, gradient
 norm clipped at 1.0), fp32, the same number of steps. TRL runs as one process with 2 threads
 (torch.set_num_threads(2)), generating with transformers; PivotRL as `torchrun --standalone
 --nproc_per_node=2 pivot_train.py --placement colocated` (one thread per rank), generating with vLLM.

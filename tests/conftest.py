@@ -24,10 +24,12 @@ PLACEMENTS = {
     "pivot": (["--placement", "pivot"], 2),
     "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
     "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"], 3),
-    # --max-staleness: the update K steps behind the rollout (tests/test_staleness.py)
-    "colocated-k1": (["--max-staleness", 1], 2),
-    "forced-k1": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 1], 2),
-    "pivot-k2": (["--placement", "pivot", "--max-staleness", 2], 2),
+    # --max-staleness: the update K steps behind the rollout (tests/test_staleness.py); K = 1 with two
+    # minibatches, whose pi_old the rollout correction computes before the first optimizer step
+    "colocated-k1": (["--max-staleness", 1, "--minibatches", 2, "--rollout-is", "sequence"], 2),
+    "forced-k1": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 1,
+                   "--minibatches", 2, "--rollout-is", "sequence"], 2),
+    "pivot-k2": (["--placement", "pivot", "--max-staleness", 2, "--rollout-is", "token"], 2),
     "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
                           "--max-staleness", 2], 3),
 }

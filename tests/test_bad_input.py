@@ -99,7 +99,7 @@ def test_a_bad_kill_spec(monkeypatch):
 @pytest.mark.parametrize("flags, message", [
     (["--temperature", 0], "--temperature must be above 0: the policy samples at it"),
     (["--temperature", -1], "--temperature must be above 0"),
-    (["--lr", 0], r"--lr must be above 0 \(AdamW's learning rate, e.g. 5e-4\); got 0.0"),
+    (["--lr", 0], r"--lr must be above 0 \(AdamW's learning rate, e.g. 2e-4\); got 0.0"),
     (["--lr", -1], "--lr must be above 0"),
     (["--lr", "nan"], "--lr must be above 0 .*; got nan"),
     (["--weight-decay", -0.1], "--weight-decay must be 0 or more"),
