@@ -9,7 +9,8 @@ same flags, for every placement and every K of the list; runs go colocated@0, di
 pivot@0, colocated@2, ... in each repeat, so that the machine's drift hits all alike. Per run it
 prints the median over repeats of samples/s and tokens/s (measured over each run's steps after the
 first, which warms the engines and, at K > 0, also rolls out the K steps before the first update, and
-before the last K, which roll nothing out), each role's busy fraction (busy seconds over ranks x step
+before the last K, which roll nothing out; at every K over the updates that roll out the same steps),
+each role's busy fraction (busy seconds over ranks x step
 time), the ratios pivot@K / colocated@0, pivot@K / disaggregated@K and pivot@0 / colocated@0 (the
 median over repeats of each repeat's own ratio), and the reward curves side by side.
 
@@ -145,11 +146,12 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
     return out
 
 
-def summarise(records: list[dict], nproc: int, staleness: int) -> dict:
-    """The run's steady steps: each after the first (warm-up and, at K > 0, the K steps rolled out before
-    any update) that rolls out a step and trains one (at K > 0 the last K only train)."""
+def summarise(records: list[dict], nproc: int, staleness: int, largest: int) -> dict:
+    """The run's steady updates: those that roll out the steps from 1 + `largest` (the largest K of the
+    bench) to the last, so that runs at every K are timed over the rollout of the same steps (update u
+    rolls out step u + K; the first update also rolls out the K before it, the last K roll out none)."""
     steps = [r for r in records if "samples_per_s" in r]
-    steps = steps[1:len(steps) - staleness]
+    steps = steps[1 + largest - staleness:len(steps) - staleness]
     seconds = sum(r["step_time_s"] for r in steps)
     busy = {role: sum(r["busy_s"][role] for r in steps) / (nproc * seconds) for role in ("rollout", "genrm", "train")}
     return {"samples_per_s": sum(r["samples"] for r in steps) / seconds,
@@ -226,7 +228,7 @@ def main():
                 records, cpu_busy = run(placement, k, args, extra, folder)
                 if k == 0:
                     folders.append(folder)
-                results[name].append(summarise(records, args.nproc, k) | {"cpu_busy": cpu_busy})
+                results[name].append(summarise(records, args.nproc, k, max(bounds)) | {"cpu_busy": cpu_busy})
                 r = results[name][-1]
                 print(f"repeat {repeat} {name:16s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
                       f"{r['steps_cpu_busy']:.0%} in its steps, {cpu_busy:.0%} over the run", flush=True)
