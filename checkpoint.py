@@ -5,8 +5,9 @@ the policy as a Hugging Face directory (model/, export.py) for loading it elsewh
 A checkpoint is written to a temporary folder, flushed, then renamed, and only then named in LATEST
 (written the same way), so LATEST always names a complete checkpoint and one cut short is never
 resumed from. With it goes what the pivot planner has learned (engine-step fits, shift costs, lengths
-seen) and, with --max-staleness K > 0, the K steps generated and judged ahead of the update (pending.json). Nothing else needs saving for an exact resume: every sample's seed, the data order and a forced
-shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
+seen) and, with --max-staleness K > 0, the K steps generated and judged ahead of the update
+(pending.json). Nothing else needs saving for an exact resume: every sample's seed, the data order and a
+forced shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
 """
 import dataclasses
 import json
@@ -60,8 +61,9 @@ def save(d, out: Path, steps_done: int, train_state, context, policy_dir: str, p
     if d.rank == 0:
         _write(tmp / "state.bin", memoryview(train_state.state.buffer.numpy()))
         _write(tmp / "meta.json", json.dumps({"steps_done": steps_done, "planner": planner}).encode())
-        steps = [[dataclasses.asdict(s) for s in step] for step in pending or []]
-        _write(tmp / "pending.json", json.dumps(steps).encode())
+        if pending:
+            steps = [[dataclasses.asdict(s) for s in step] for step in pending]
+            _write(tmp / "pending.json", json.dumps(steps).encode())
         faults.point("checkpoint", d.rank)
         if (root / name).exists():  # renamed by a run killed before naming it in LATEST: never resumed from
             shutil.rmtree(root / name)

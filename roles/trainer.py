@@ -396,18 +396,22 @@ class PolicyTrainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
+    def _micro_chunks(self, samples: list) -> list[list | None]:
+        """This rank's micro-batches of its strided share of `samples`, then None up to the busiest
+        rank's count: every rank runs the same number of micro-steps, as FSDP's collectives must pair
+        up. Each rank holds the whole of `samples`, so each knows every rank's share without asking."""
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        shares = [micro_batches(samples[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
+        return shares[rank] + [None] * (max(len(share) for share in shares) - len(shares[rank]))
+
     def _backward(self, samples: list, denominator: int) -> dict:
         """Forward and backward of this rank's strided share of `samples`, the loss sum over
-        `denominator` (`loss_denominator`); returns the group's loss sum, clipped-token count and logprob gap (sum, max)."""
-        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        # Every rank runs the same number of micro-steps: FSDP's collectives must pair up. Each rank
-        # holds the whole of `samples`, so each knows every rank's share without asking.
-        shares = [micro_batches(samples[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
-        mine, micro_steps = shares[rank], max(len(share) for share in shares)
+        `denominator` (`loss_denominator`); returns the group's sums (loss, clipped tokens, logprob gap,
+        rollout-correction weights and truncated tokens) and maxima (logprob gap, weight)."""
+        world = dist.get_world_size(self.group)
         sums = torch.zeros(5, device=self.device)  # loss, clipped tokens, logprob gap, IS weights, truncated
         largest = torch.zeros(2, device=self.device)  # logprob gap, IS weight
-        for i in range(micro_steps):
-            chunk = mine[i] if i < len(mine) else []
+        for chunk in self._micro_chunks(samples):
             loss, counts, maxima = self._micro_step(chunk or samples[:1], real=bool(chunk))
             # FSDP averages gradients over the group; this scale makes them the minibatch's mean.
             (loss * world / denominator).backward()
@@ -482,15 +486,11 @@ class PolicyTrainer:
         """Rollout correction over several minibatches: pi_old, the logprobs of the weights the update
         starts from, of every sample in this rank's shares, before the first optimizer step moves them
         (one minibatch needs no such pass: its forward is at those weights)."""
-        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
         with torch.no_grad():
             for mb in minibatches:
-                shares = [micro_batches(mb[r::world], self.micro_batch, self.micro_batch_tokens) for r in range(world)]
-                for i in range(max(len(share) for share in shares)):  # FSDP's collectives pair up across ranks
-                    chunk = shares[rank][i] if i < len(shares[rank]) else mb[:1]
-                    batch = pack(chunk, self.device)
-                    logp = self.logprobs(self.model, batch)
-                    for row, s in enumerate(chunk):
+                for chunk in self._micro_chunks(mb):
+                    logp = self.logprobs(self.model, pack(chunk or mb[:1], self.device))
+                    for row, s in enumerate(chunk or []):
                         p = len(s.prompt_ids)
                         s.pi_old = logp[row, p - 1:p - 1 + len(s.response_ids)].tolist()
 
