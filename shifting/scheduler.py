@@ -47,6 +47,7 @@ from roles.engine import Completion, Request
 from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import NO_EARLY, add_early, grpo_advantages
+from shifting.book import shares
 
 
 ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
@@ -306,14 +307,13 @@ class StepQueues:
                                   ROUND_OVER_LONGEST * longest), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
-        """Shares each role's queue among the ranks holding it, up to each engine's capacity."""
+        """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
+        each engine's capacity (book.shares), in rank order from the queue's head."""
         work = [[] for _ in roles]
         for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
-            for i, rank in enumerate(ranks):
-                fair = -(-len(self.queue[role]) // (len(ranks) - i))
-                for _ in range(min(fair, capacity - in_flight[rank])):
-                    work[rank].append(self.queue[role].popleft())
+            for rank, n in zip(ranks, shares(len(self.queue[role]), [in_flight[r] for r in ranks], capacity)):
+                work[rank] = [self.queue[role].popleft() for _ in range(n)]
         return work
 
     def ordered_samples(self) -> list[Sample]:

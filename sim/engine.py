@@ -43,6 +43,7 @@ import numpy as np
 
 import planner
 from roles import ENGINE_ROLES, ROLES
+from shifting.book import shares
 from sim.calibration import CostModel, Workload
 
 # A slot at work in its role; idle in it (nothing to do: an engine run empty, a trainer through its
@@ -279,14 +280,14 @@ class Simulation:
             self._wait_until(max([self.now] + [s.ready_at for s in self.slots]), state="waiting")
 
     def _dispatch(self) -> None:
-        """Each engine role's queue shared among the slots holding it, in rank order, up to each
-        engine's room (StepQueues.dispatch); a slot's first step takes its new requests in."""
+        """Each engine role's queue shared among the slots holding it, evening out their loads up to each
+        engine's room, in rank order from the queue's head (book.shares, as StepQueues.dispatch); a
+        slot's first step takes its new requests in."""
         for role in ENGINE_ROLES:
             queue, held = self.step.queue[role], [s for s in self.slots if s.role == role and s.ready_at <= self.now]
-            for i, slot in enumerate(held):
-                fair = -(-len(queue) // (len(held) - i))
-                take = min(fair, self.model.max_seqs[role] - len(slot.running))
-                new = [queue.popleft() for _ in range(max(take, 0))]
+            takes = shares(len(queue), [len(slot.running) for slot in held], self.model.max_seqs[role])
+            for slot, take in zip(held, takes):
+                new = [queue.popleft() for _ in range(take)]
                 for j in new:
                     self.step.phase[j] = 1 if role == "rollout" else 3
                 slot.running += new
