@@ -80,6 +80,7 @@ from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
+from shifting.book import ROUND_STEPS
 from shifting.context import RoleContext
 from shifting.placement import Placement
 from shifting.scheduler import StepQueues, generate
@@ -194,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the sampling logprobs, whose clip then bounds how far an update moves from them")
     p.add_argument("--rollout-is-threshold", type=float, default=2.0,
                    help="the rollout correction's truncation: no weight above it")
-    p.add_argument("--round-steps", type=int, default=25,
+    p.add_argument("--round-steps", type=int, default=ROUND_STEPS,
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
                         "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
     # run
@@ -531,7 +532,7 @@ def main(argv=None):
         report.finish(out)
     for held in (storage, genrm_storage, train_state):
         held.close()
-    del context, rollout_engine, genrm  # the engines must go before the process group they use
+    context = rollout_engine = genrm = None  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed(d)
 

@@ -16,7 +16,8 @@ state, so a migrated sequence comes out token for token as it would have without
 How long a round lasts is the plan's to say (`Rounds`): a placement that cannot change anything
 before every engine has run empty (colocated, with nothing queued) works until then and reports once;
 a planner that may move ranks at any time reports every `round_steps` engine steps' worth of time (and
-at least ROUND_OVER_EXCHANGE exchanges' and ROUND_OVER_LONGEST of the longest recent steps' worth), so
+at least ROUND_OVER_EXCHANGE exchanges' and ROUND_OVER_LONGEST of the longest recent steps' worth:
+shifting/book.py, whose rules the simulator follows too), so
 the exchange with rank 0, and the wait at a round's end for the steps in progress, cost a small part
 of the engines' time however fast their steps are (a GPU decode step or a CPU one) and however many
 ranks report; a rank past its time keeps working until every rank is past its own, and once an eighth
@@ -31,7 +32,6 @@ With --max-staleness K > 0 the groups the train ranks work through are not this 
 the step K earlier (`train_pool`: generated and judged already, all ready at the step's start), so
 training overlaps rollout and judging; without K they are this step's, as each is judged.
 """
-import math
 import random
 import statistics
 import time
@@ -47,16 +47,7 @@ from roles.engine import Completion, Request
 from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import NO_EARLY, add_early, grpo_advantages
-from shifting.book import shares
-
-
-ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
-# ... and this many of the longest engine steps seen (a prefill chunk): at its end every rank waits for
-# the steps in progress, a tenth of the round at most
-ROUND_OVER_LONGEST = 10
-# A round ends early once this share of the ranks (one at least) has run empty: every early end stops
-# every rank for an exchange, so among many ranks it waits for enough freed ones to be worth that.
-EMPTY_SHARE = 1 / 8
+from shifting.book import POLL_S, RECENT_STEPS, empty_enough, round_seconds, shares
 
 
 @dataclass(frozen=True)
@@ -78,10 +69,10 @@ class RoundEnd:
     (a look-up is a round trip to the store, some 0.1-0.3 ms): so no rank idles while another finishes a
     long step, a long prefill or a training share, and the exchange comes once all are ready for it."""
 
-    def __init__(self, store, world_size: int, step: int, poll_s: float = 0.01):
+    def __init__(self, store, world_size: int, step: int, poll_s: float = POLL_S):
         self.store, self.world_size, self.step, self.poll_s = store, world_size, step, poll_s
         self.empty = world_size + 1  # what a rank run empty adds: arrivals alone never reach it
-        self.enough = max(1, math.ceil(world_size * EMPTY_SHARE))
+        self.enough = empty_enough(world_size)
         self.round, self.last_poll, self.arrived = 0, 0.0, False
 
     def next(self) -> None:
@@ -186,7 +177,7 @@ class StepQueues:
         # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.step_seconds = round_steps, deque(maxlen=256)
+        self.round_steps, self.step_seconds = round_steps, deque(maxlen=RECENT_STEPS)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
@@ -301,10 +292,9 @@ class StepQueues:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
         least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
         ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
-        step_s = statistics.median(self.step_seconds) if self.step_seconds else 0.002
-        longest = max(self.step_seconds, default=0.0)
-        return Rounds(seconds=max(self.round_steps * step_s, ROUND_OVER_EXCHANGE * self.exchange_s,
-                                  ROUND_OVER_LONGEST * longest), early=True)
+        median = statistics.median(self.step_seconds) if self.step_seconds else None
+        return Rounds(seconds=round_seconds(self.round_steps, median, max(self.step_seconds, default=0.0),
+                                            self.exchange_s), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to

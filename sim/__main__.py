@@ -22,9 +22,7 @@ SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None) -> dict:
     """Every placement of `group` on `gpus` devices; `changes`: RoundRules fields that differ from the
     loop's rounds (what-if runs)."""
-    rules = RoundRules(int(value(cal, "planner.round_steps")), value(cal, "planner.round_poll_s"),
-                       value(cal, "planner.first_round_step_s"), int(value(cal, "planner.round_over_exchange")),
-                       int(value(cal, "planner.round_over_longest")), int(value(cal, "planner.round_empty_share")))
+    rules = RoundRules()
     placements, split = PLACEMENTS, None
     if args.calibration == "cpu":
         measured = json.loads(Path(args.measured).read_text())

@@ -43,7 +43,7 @@ import numpy as np
 
 import planner
 from roles import ENGINE_ROLES, ROLES
-from shifting.book import shares
+from shifting import book
 from sim.calibration import CostModel, Workload
 
 # A slot at work in its role; idle in it (nothing to do: an engine run empty, a trainer through its
@@ -55,21 +55,21 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 
 @dataclass(frozen=True)
 class RoundRules:
-    """How pivot_train.py sizes and ends a round (its --round-steps; shifting/scheduler.py's RoundEnd
-    poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE as 1 / empty_share and
-    StepQueues.timed_round's step time before any is measured), and two switches that turn its rules
-    off, for what-if runs (bench/sim_whatif.py):
+    """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
+    --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
+    the step time before any is measured), which what-if runs (bench/sim_whatif.py) may change, and two
+    switches that turn its rules off:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest move is done (the loop holds
                           them all only where the train group changes; a move between engine roles
                           holds the moving slot alone, which takes work again at the next round)"""
-    steps: int = 25
-    poll_s: float = 0.01
-    first_step_s: float = 0.002
-    over_exchange: int = 20
-    over_longest: int = 10
-    empty_share: int = 8
+    steps: int = book.ROUND_STEPS
+    poll_s: float = book.POLL_S
+    first_step_s: float = book.FIRST_STEP_S
+    over_exchange: float = book.ROUND_OVER_EXCHANGE
+    over_longest: float = book.ROUND_OVER_LONGEST
+    empty_share: float = book.EMPTY_SHARE
     step_on: bool = True
     shifts_stall_all: bool = False
 
@@ -142,20 +142,20 @@ class Step:
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
         self.generated = self.judged = 0
-        self.steps_seen = deque(maxlen=256)  # (seconds, engine steps): the step's last 256 engine steps
+        self.steps_seen = deque(maxlen=book.RECENT_STEPS)  # (seconds, engine steps): the step's last RECENT_STEPS engine steps
 
     def tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
 
     def median_step_s(self, default: float) -> float:
-        """The median of the last 256 engine steps, as StepQueues.timed_round measures it."""
+        """The median of the last book.RECENT_STEPS engine steps, as StepQueues.timed_round measures it."""
         if not self.steps_seen:
             return default
         runs, n = [], 0
         for seconds, count in reversed(self.steps_seen):
-            runs.append((seconds, min(count, 256 - n)))
+            runs.append((seconds, min(count, book.RECENT_STEPS - n)))
             n += runs[-1][1]
-            if n >= 256:
+            if n >= book.RECENT_STEPS:
                 break
         runs.sort()
         half, seen = n / 2, 0
@@ -253,8 +253,9 @@ class Simulation:
         roles, step = [s.role for s in self.slots], self.step
         exchange = self.model.exchange_seconds(self.placement, len(self.slots))
         longest = max((seconds for seconds, _ in step.steps_seen), default=0.0)
-        timed = Round(max(self.rules.steps * step.median_step_s(self.rules.first_step_s),
-                          self.rules.over_exchange * exchange, self.rules.over_longest * longest), early=True)
+        rules = self.rules
+        timed = Round(book.round_seconds(rules.steps, step.median_step_s(rules.first_step_s), longest, exchange,
+                                         over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
             rolling = step.queue["rollout"] or any(s.running for s in self.slots if s.role == "rollout")
             role = "rollout" if rolling else "genrm"
@@ -285,7 +286,7 @@ class Simulation:
         slot's first step takes its new requests in."""
         for role in ENGINE_ROLES:
             queue, held = self.step.queue[role], [s for s in self.slots if s.role == role and s.ready_at <= self.now]
-            takes = shares(len(queue), [len(slot.running) for slot in held], self.model.max_seqs[role])
+            takes = book.shares(len(queue), [len(slot.running) for slot in held], self.model.max_seqs[role])
             for slot, take in zip(held, takes):
                 new = [queue.popleft() for _ in range(take)]
                 for j in new:
@@ -457,7 +458,7 @@ class Simulation:
             slot.stopped = slot.arrived = True
             if not slot.running and slot.stepped and self.round.early:
                 self.emptied += 1
-            ends = self.emptied >= max(1, math.ceil(len(self.slots) / self.rules.empty_share))
+            ends = self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
             if ends or self.rules.step_on and self._all_arrived():
                 self._end_round(self.now + self.rules.poll_s / 2)  # the others look every poll_s
                 return
