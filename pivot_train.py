@@ -8,8 +8,9 @@ the next step. By default synchronous and on-policy: step k's samples come from 
 
 With --max-staleness K > 0 the update runs K steps behind the rollout: while step k's prompts are rolled
 out and judged (with the weights of update k - K), the train ranks work through the groups of step k - K
-(all judged), so training overlaps rollout and judging; every sample of update u was sampled by weights
-version u - K (the first K updates: version 0), never older. The clipped ratio against the sampling
+(all judged), so training overlaps rollout and judging, and once through them they make the update
+before the step's last critique (published at the step's end); every sample of update u was sampled by
+weights version u - K (the first K updates: version 0), never older. The clipped ratio against the sampling
 logprobs bounds how far the update moves from the weights that sampled them; --rollout-is token|sequence
 instead takes verl's rollout correction: the ratio against pi_old, the logprobs of the weights the update
 starts from, and each token's loss weighted by min(pi_old / pi_rollout, --rollout-is-threshold).
@@ -493,7 +494,7 @@ def main(argv=None):
 
     def roll_out(step: int, train_pool: list[Sample] | None):
         return rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
-                                 version=storage.version, train_pool=train_pool)
+                                 version=storage.version, train_pool=train_pool, skipped_in_row=skipped_in_row)
 
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
@@ -506,7 +507,9 @@ def main(argv=None):
         begin, cpu = time.perf_counter(), cpu_ticks()
         samples, trained, early, generation = rollout_for_update(step, pending, roll_out, args)
         record.update(staleness_metrics(trained, step, args.max_staleness))
-        shifts = generation.pop("shifts") + to_train(context, placement)
+        shifts = generation.pop("shifts")
+        if early["update"] is None:  # else the train ranks made it while the step rolled out
+            shifts += to_train(context, placement)
         stats = train_step(context, trained, early, timeline, args, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
@@ -564,15 +567,17 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
 
 
 def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args, *,
-                      version: int, train_pool: list[Sample] | None = None):
+                      version: int, train_pool: list[Sample] | None = None, skipped_in_row: int = 0):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each marked with
     the weights' `version` that sampled it, and what the step's rollout and judging took (shifts,
     migrations, rounds, the judge's first-try parse failures). With a `train_pool` (an earlier step's
-    scored samples) the train ranks work through its groups meanwhile (early training)."""
+    scored samples) the train ranks work through its groups meanwhile (early training), and once through
+    them all make the update (its statistics in the returned `early["update"]`)."""
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
-                        train_per_s=placement.train_per_s, train_pool=train_pool) if d.rank == 0 else None
+                        train_per_s=placement.train_per_s, train_pool=train_pool,
+                        skipped_in_row=skipped_in_row) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
                                          genrm=genrm, capacity=args.max_seqs,
@@ -614,7 +619,8 @@ def to_train(context: RoleContext, placement: Placement) -> list[dict]:
 def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args,
                skipped_in_row: int) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics. The groups
-    trained early (`early`, pivot) are in the gradients already: the rest complete the update."""
+    trained early (`early`, pivot) are in the gradients already: the rest complete the update. With
+    `early["update"]` the train ranks made it already, during the rollout: its statistics are kept."""
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
@@ -623,8 +629,8 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     else:
         per = -(-len(samples) // args.minibatches)
         minibatches = [samples[i:i + per] for i in range(0, len(samples), per)]
-    stats = None
-    if context.trainer is not None:
+    stats = early["update"]
+    if stats is None and context.trainer is not None:
         start = time.perf_counter()
         with timeline.busy("train"):
             stats = context.trainer.train_step(minibatches, early if early["groups"] else None, skipped_in_row)
@@ -634,7 +640,8 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
     stats = next(s for s in everyone if s is not None)
-    return {**stats, "early_trained_groups": len(early["groups"]), "early_trained_tokens": early["tokens"]}
+    return {**stats, "early_trained_groups": len(early["groups"]), "early_trained_tokens": early["tokens"],
+            "update_during_rollout": early["update"] is not None}
 
 
 def check_skipped_updates(step: int, stats: dict, args) -> int:
@@ -649,9 +656,14 @@ def check_skipped_updates(step: int, stats: dict, args) -> int:
 
 def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement,
                        version: int) -> list[dict]:
-    """Collective: the train ranks write their rows of the new weights into every node's storage; then
-    every rank takes its role for the next step, and the rollout engines load the new version."""
-    storage.publish_shards([] if context.trainer is None else context.trainer.weight_rows(), version)
+    """Collective: the train ranks write their rows of the new weights into every node's storage (or, where
+    they made the update during the rollout and have all left the train role since, the training state
+    they saved as they left publishes them); then every rank takes its role for the next step, and the
+    rollout engines load the new version."""
+    if "train" in context.roles:
+        storage.publish_shards([] if context.trainer is None else context.trainer.weight_rows(), version)
+    else:
+        context.train_state.publish_weights(storage, version)
     return context.apply(placement.start_roles())
 
 

@@ -54,6 +54,9 @@ class Work:
     judge_prompt_tokens: float = 0.0  # expected judge prompt (prompt + response) of each one to come
     train_ready: float = 0.0  # tokens of complete, judged groups not yet trained on
     train_tokens: float = 0.0  # tokens the step's update still has to process, ready or to come
+    # The update's groups are an earlier step's (--max-staleness > 0): the train ranks make the update as
+    # soon as they are through them, and the step then ends without one on every rank.
+    update_early: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,8 @@ def apply_moves(roles: list[str], moves: list[Move]) -> list[str]:
 def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: dict[tuple[str, str], float],
                    early_train: bool = False) -> float:
     """Predicted seconds until the step's update is done with `counts` ranks per role now, if rollout
-    ranks join the judge when rollout ends and every rank trains once judging ends."""
+    ranks join the judge when rollout ends and every rank trains once judging ends (what the train ranks
+    have not trained by then; with `work.update_early`, nothing when they have trained it all)."""
     r, g, t = counts.get("rollout", 0), counts.get("genrm", 0), counts.get("train", 0) if early_train else 0
     n = sum(counts.values())
     rollout = engine_seconds(speeds.rollout, r, work.rollout_seqs, work.rollout_tokens, work.rollout_longest,
@@ -151,6 +155,8 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     # Early train ranks can only work through groups already judged: in a long tail most groups
     # complete near the end, so counting on those still to come would park ranks in train idle.
     left = need - min(need, t * judge, work.train_ready / speeds.train_per_s)
+    if work.update_early and not left:  # the train ranks are through (or were) before the last critique
+        return judge
     to_train = costs[("genrm", "train")] * (n - t)
     if 0 < t < n:  # an early train group is made anew at the update, with every rank: a reshard all wait for
         to_train += costs.get(("train", "train"), 0.0) * n
@@ -215,7 +221,7 @@ def _best_move(ranks, work, speeds, costs, config) -> tuple[list[int], str] | No
     """The ranks and destination of the move that pays best, or None. Moves of 1, 2, 4, ... ranks are
     weighed: in a long tail no single rank's move may pay while freeing half the rollout ranks does."""
     counts = _counts(ranks)
-    now = finish_seconds(work, counts, speeds, costs, config.early_train)
+    now = finish_seconds(work, _working(ranks, work), speeds, costs, config.early_train)
     best, best_net = None, 0.0
     for src in ROLES:
         for dst in _destinations(src, work, config):
@@ -244,9 +250,8 @@ def _destinations(src: str, work: Work, config: PlannerConfig) -> list[str]:
 
 def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config) -> float:
     """Seconds a move saves beyond (1 + margin) x its cost; positive when it pays."""
-    after = dict(counts)
-    after[src] -= len(moving)
-    after[dst] += len(moving)
+    after = _working([replace(r, role=dst, in_flight_tokens=0) if i in moving else r for i, r in enumerate(ranks)],
+                     work)
     if 0 < after["train"] < config.min_train_ranks:  # a train group too small to hold the training state
         return -math.inf
     saved = now - finish_seconds(work, after, speeds, costs, config.early_train)
@@ -260,6 +265,28 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
     # A move into or out of a train group that holds the state saves it, and every rank waits for that.
     regroup = costs.get(("train", "train"), 0.0) if "train" in (src, dst) and counts["train"] else 0.0
     return saved - (1 + config.margin) * (costs[(src, dst)] + prefill + regroup)
+
+
+def _working(ranks: list[Rank], work: Work) -> dict[str, int]:
+    """Ranks per role as finish_seconds counts them: an engine rank with nothing running, beside ranks of
+    its role that do run its last sequences, while nothing is queued for the role or still to come
+    (rollout: no prompt waiting; the judge: no response waiting and none still rolling out), can add
+    nothing to it, so it counts apart, as `idle` (in the judge's tail such a rank would otherwise seem
+    to share the critiques the busy ranks still write, and moving it seem to slow them)."""
+    counts = _counts(ranks)
+    counts["idle"] = 0
+    for role in ("rollout", "genrm"):
+        busy = sum(r.role == role and r.in_flight_tokens > 0 for r in ranks)
+        if busy and not _can_get_work(role, work):
+            counts["idle"] += counts[role] - busy
+            counts[role] = busy
+    return counts
+
+
+def _can_get_work(role: str, work: Work) -> bool:
+    if role == "rollout":
+        return work.rollout_prefill > 0
+    return work.judge_prefill > 0 or work.rollout_seqs > 0
 
 
 def _counts(ranks: list[Rank]) -> dict[str, int]:
@@ -400,26 +427,42 @@ class LoopPlanner:
     def work(self, queues) -> Work:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
         rolling = [g for role, g in running if role == "rollout"] + [len(r.generated) for r in queues.queue["rollout"]]
-        judging = [g for role, g in running if role == "genrm"]
         prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
-        response = self.lengths.mean()
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()
         coming = len(rolling) if queues.train_pool is None else 0
-        return Work(
-            rollout_seqs=len(rolling),
-            rollout_tokens=float(self.lengths.remaining(rolling).sum()) if rolling else 0.0,
-            rollout_longest=self.lengths.longest(min(rolling)) if rolling else 0.0,
+        return step_work(
+            rolling=rolling, judging=[g for role, g in running if role == "genrm"],
             rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue["rollout"]),
-            judge_seqs=len(queues.queue["genrm"]) + len(judging),
-            judge_tokens=(float(self.critiques.remaining(judging).sum()) if judging else 0.0)
-            + len(queues.queue["genrm"]) * self.critiques.mean(),
-            judge_longest=self.critiques.longest(min(judging + [0] * len(queues.queue["genrm"])))
-            if judging or queues.queue["genrm"] else 0.0,
-            judge_prefill=sum(len(r.prompt_ids) for r in queues.queue["genrm"]),
-            critique_tokens=self.critiques.mean(),
-            judge_prompt_tokens=prompt + response,
-            train_ready=ready,
-            train_tokens=done_tokens + coming * (prompt + response),
-        )
+            judge_waiting=len(queues.queue["genrm"]), judge_prefill=sum(len(r.prompt_ids) for r in queues.queue["genrm"]),
+            judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready,
+            train_tokens=done_tokens + coming * (prompt + self.lengths.mean()),
+            update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)
+
+
+def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float, judge_waiting: int,
+              judge_prefill: float, judge_prompt_tokens: float, train_ready: float, train_tokens: float,
+              update_early: bool, lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
+    """What is left of a step, as the planner weighs it, from what rank 0 knows of it (the loop's
+    LoopPlanner.work and the simulator both build it here): `rolling`, the tokens generated so far by
+    every response not finished (queued or running; a migrated one has some), `judging`, those of every
+    critique being written, `judge_waiting` responses queued for the judge, the prefill tokens queued for
+    each engine role, the judge prompt expected of a response still to come, the update's tokens (judged
+    and ready now, and in all). `lengths` and `critiques` estimate what each sequence has left."""
+    return Work(
+        rollout_seqs=len(rolling),
+        rollout_tokens=float(lengths.remaining(rolling).sum()) if rolling else 0.0,
+        rollout_longest=lengths.longest(min(rolling)) if rolling else 0.0,
+        rollout_prefill=float(rollout_prefill),
+        judge_seqs=judge_waiting + len(judging),
+        judge_tokens=(float(critiques.remaining(judging).sum()) if judging else 0.0) + judge_waiting * critiques.mean(),
+        # a response still waiting for the judge has its whole critique to write
+        judge_longest=critiques.longest(0 if judge_waiting else min(judging)) if judging or judge_waiting else 0.0,
+        judge_prefill=float(judge_prefill),
+        critique_tokens=critiques.mean(),
+        judge_prompt_tokens=judge_prompt_tokens,
+        train_ready=train_ready,
+        train_tokens=train_tokens,
+        update_early=update_early,
+    )

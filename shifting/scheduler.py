@@ -132,6 +132,7 @@ class Report:
     # keys, and `groups`: their prompt indices), and the seconds it took.
     trained: dict | None = None
     train_s: float = 0.0
+    update: dict | None = None  # the update's statistics, once the train ranks made it in this round
     shifts: list[dict] = field(default_factory=list)  # this rank's shift at the round's start, if it made one
     shift_s: float = 0.0  # its seconds (with any collective part: a train group that changed)
     error: str | None = None  # a judge output under --on-parse-failure stop
@@ -151,6 +152,7 @@ class Orders:
     roles: list[str]  # every rank's role from now on (the same on every rank)
     work: list[Request] = field(default_factory=list)  # new requests for this rank
     train: list[list[Sample]] = field(default_factory=list)  # judged groups to train on (every train rank the same)
+    update: dict | None = None  # train ranks: make the update now, over these early sums of all its groups
     rounds: Rounds = Rounds()
     done: bool = False
     error: str | None = None
@@ -161,7 +163,7 @@ class StepQueues:
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
     def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
-                 train_per_s: float = 1e4, train_pool: list[Sample] | None = None):
+                 train_per_s: float = 1e4, train_pool: list[Sample] | None = None, skipped_in_row: int = 0):
         self.batch, self.step, self.group_size = batch, step, args.group_size
         self.queue = {"rollout": deque(RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
@@ -193,6 +195,11 @@ class StepQueues:
         self.trained: list[int] = []
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
+        # With a train pool the update need not wait for the step's end: once its last group is trained the
+        # train ranks make it (`update_due`), and its statistics land here. `skipped_in_row`: updates
+        # skipped in a row before it, which the trainer continues.
+        self.update: dict | None = None
+        self.skipped_in_row = skipped_in_row
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
@@ -219,6 +226,9 @@ class StepQueues:
                 self.queue["genrm"].append(judging)
             for verdict in report.verdicts:
                 self._judged(verdict)
+        made = [r.update for r in reports if r.update]
+        if made:  # every train rank reports the same statistics
+            self.update = {**made[0], "train_tokens_per_s": self.train_per_s}
         trainers = [r for r in reports if r.trained]
         if trainers:  # every train rank reports the group's sums: count them once
             groups = trainers[0].trained["groups"]
@@ -261,6 +271,13 @@ class StepQueues:
             return sorted({p for p, _ in self.train_pool} - set(self.trained))
         return [p for p in range(len(self.batch)) if p not in self.trained
                 and all((p, g) in self.judged for g in range(self.group_size))]
+
+    def update_due(self) -> bool:
+        """Whether the train ranks can make the update now: its groups are an earlier step's (a train pool),
+        every one of them is trained into their gradients, and it is not made yet. The new weights are
+        published at the step's end, as at every other step, so which weights sample a token does not
+        depend on when the update was made."""
+        return self.early_train and bool(self.train_pool) and self.update is None and not self.ready_groups()
 
     def train_tokens(self) -> tuple[int, int]:
         """Prompt and response tokens of the update's groups not trained yet: of those judged (ready now),
@@ -350,7 +367,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
     step's prompts and `rollout`, `genrm` turn finished requests into samples and verdicts;
     `timeline.busy(role)` marks engine and training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
-    `clipped` and `tokens`), the shifts, and the seconds this rank spent prefilling migrated
+    `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and the seconds this rank spent prefilling migrated
     sequences again."""
     rng = random.Random(f"{seed}/{step}")
     report, since = Report(role=context.role), time.perf_counter()
@@ -380,6 +397,11 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             start = time.perf_counter()
             report.trained = _train(context.trainer, orders, timeline, ending)
             report.train_s = time.perf_counter() - start
+        if orders.update is not None:
+            start = time.perf_counter()
+            with timeline.busy("train"):
+                report.update = context.trainer.train_step([[]], orders.update, orders.update["skipped_in_row"])
+            report.train_s += time.perf_counter() - start
         if engine is not None:
             engine.add(orders.work)
             finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
@@ -388,8 +410,8 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
         elif orders.rounds.seconds is not None:
             ending.arrive()  # nothing to step: this rank waits at the exchange
-    done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early}, queues.shifts)
-            if d.rank == 0 else None]
+    done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early, "update": queues.update},
+             queues.shifts) if d.rank == 0 else None]
     dist.broadcast_object_list(done, src=0, group=d.control)
     samples, early, shifts = done[0]
     return samples, early, shifts, _extra_seconds(resumed, plain)
@@ -488,5 +510,7 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)
     train = queues.hand_to_train() if queues.early_train and "train" in new else []
-    return [Orders(new, work=work[r], train=train if new[r] == "train" else [], rounds=rounds)
-            for r in range(len(new))]
+    update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
+        if "train" in new and queues.update_due() else None
+    return [Orders(new, work=work[r], train=train if new[r] == "train" else [],
+                   update=update if new[r] == "train" else None, rounds=rounds) for r in range(len(new))]

@@ -159,6 +159,42 @@ def test_growing_a_train_group_pays_for_the_save_every_rank_waits_for():
     assert plan(held, work, SPEEDS, {**costs(1.0), ("train", "train"): 1e3}, config) == []
 
 
+def test_an_earlier_steps_update_made_by_the_train_ranks_costs_the_step_nothing_at_its_end():
+    # --max-staleness > 0: the update's groups (an earlier step's) are all judged at the step's start.
+    # Two train ranks that are through them before the last critique make the update there: the step
+    # ends with its judging, where a step's own update (update_early False) still costs every rank the
+    # move to train and the reshard into one group at the end.
+    work = Work(rollout_seqs=30, rollout_tokens=30 * 500, rollout_longest=1000, critique_tokens=500,
+                judge_prompt_tokens=1500, train_ready=1e5, train_tokens=1e5, update_early=True)
+    counts = {"rollout": 6, "train": 2}
+    chain = finish_seconds(replace(work, train_ready=0.0, train_tokens=0.0), {"rollout": 6, "genrm": 0}, SPEEDS,
+                           costs(1.0))
+    assert finish_seconds(work, counts, SPEEDS, costs(1.0), True) == pytest.approx(chain)
+    # six ranks move to train at 1 s each, the work spread over eight
+    assert finish_seconds(replace(work, update_early=False), counts, SPEEDS, costs(1.0), True) == \
+        pytest.approx(chain + 6 * 1.0 / 8)
+    # Once made (nothing left to train) nothing is owed at the end, with no train rank left too.
+    done = replace(work, train_ready=0.0, train_tokens=0.0)
+    assert finish_seconds(done, {"rollout": 8}, SPEEDS, costs(1.0), True) == pytest.approx(
+        finish_seconds(done, {"rollout": 8}, SPEEDS, costs(0.0), True))
+
+
+def test_an_empty_judge_rank_in_the_judges_tail_adds_nothing_to_the_judge():
+    # Rollout is over and no response waits: one rank writes the last 64 critiques, its neighbour has run
+    # empty. Moving the empty one cannot slow the judge, so with an earlier step's update ready it trains;
+    # counted as a judge rank it would seem to halve the judge's speed (30 s left instead of 20), and it
+    # stayed idle. When the critiques left are short and regrouping at the update dear, it stays.
+    work = Work(judge_seqs=64, judge_tokens=64 * 400, judge_longest=400, train_ready=1e4, train_tokens=1e4,
+                update_early=True)
+    config = PlannerConfig(early_train=True)
+    held = [Rank("genrm", 64 * 900), Rank("genrm", 0)]
+    assert plan(held, work, SPEEDS, costs(0.1), config) == [Move(1, "genrm", "train")]
+    assert finish_seconds(work, {"genrm": 2}, SPEEDS, costs(0.1), True) < \
+        finish_seconds(work, {"genrm": 1, "train": 1}, SPEEDS, costs(0.1), True)
+    short = replace(work, judge_tokens=64 * 5, judge_longest=8)
+    assert plan(held, short, SPEEDS, {**costs(0.1), ("train", "train"): 1.0}, config) == []
+
+
 def test_train_ranks_are_credited_only_with_judged_groups():
     # One long critique holds the judge for minutes; one group is judged (1 s of training for one rank)
     # and the rest of the update is still to come. Train ranks would finish that group and wait: no
