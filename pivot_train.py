@@ -85,7 +85,7 @@ from shifting.placement import Placement
 from shifting.scheduler import StepQueues, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks import longtail
-from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, step_prompts
+from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, stream_prompts
 from timeline import Timeline
 
 HERE = Path(__file__).resolve().parent
@@ -484,15 +484,20 @@ def main(argv=None):
     # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
     # the pipeline is full), oldest first.
     pending = collections.deque(checkpoint.pending_steps(resume) if resume else [])
+    # Where the data stream stands: the prompts the steps rolled out so far have drawn.
+    position = data_position(resume, start, len(pending), args)
 
     def prompts(step: int) -> list[dict]:
         if step >= args.steps:  # the last K updates: nothing left to roll out
             return []
-        return [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
+        return [train_set[i] for i in stream_prompts(len(train_set), position, args.prompts_per_step, args.seed)]
 
     def roll_out(step: int, train_pool: list[Sample] | None):
-        return rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
-                                 version=storage.version, train_pool=train_pool)
+        nonlocal position
+        rolled = rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
+                                   version=storage.version, train_pool=train_pool)
+        position += len(rolled[0]) // args.group_size  # every prompt drawn yields G samples
+        return rolled
 
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
@@ -520,7 +525,8 @@ def main(argv=None):
         log_samples(d, out, step, trained)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
-            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending))
+            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending),
+                            data_position=position)
 
     # The trained policy as a Hugging Face directory, from the state the last update left in storage.
     train_state.save(context.trainer)
@@ -534,6 +540,14 @@ def main(argv=None):
     del context, rollout_engine, genrm  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed(d)
+
+
+def data_position(resume: dict | None, start: int, pending: int, args) -> int:
+    """Where a launch takes up the data stream: at its start, or where the checkpoint says it stood
+    (one written before it said so: after the steps done and `pending`, each of --prompts-per-step)."""
+    if resume is None:
+        return 0
+    return resume.get("data_position", (start + pending) * args.prompts_per_step)
 
 
 # What the steps rolled out before the first update (--max-staleness K > 0) add to its record.
