@@ -31,7 +31,7 @@ SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_d
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
               "force_shifts", "clip_ratio_c", "adam_betas", "workload", "max_staleness", "rollout_is",
               "rollout_is_threshold", "clip_eps_high", "lr_warmup_steps", "loss_agg", "reward", "overlong_buffer",
-              "answer_marker")
+              "answer_marker", "filter_groups", "filter_groups_max_prompts")
 
 
 def latest(out: Path) -> dict | None:

@@ -37,7 +37,11 @@ Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300)
     in a row stop the run;
   - with --minibatches N > 1, minibatches after the first are trained on by weights that did not
     sample them (the clipped ratio bounds how far they move);
-  - with --max-staleness K > 0, samples K updates old (above); --rollout-is for verl's rollout correction.
+  - with --max-staleness K > 0, samples K updates old (above); --rollout-is for verl's rollout correction;
+  - with --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2), groups whose G rewards
+    are all equal leave the update, and the step draws more prompts while it runs until it has
+    --prompts-per-step informative groups, or --filter-groups-max-prompts drawn (then it trains those it
+    has; verl's filter_groups stops the run at its max_num_gen_batches instead).
 
 On CPU, the built-in task (the defaults):
     torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
@@ -118,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-response-tokens", type=int, default=64)
+    p.add_argument("--filter-groups", action="store_true",
+                   help="DAPO's dynamic sampling: leave groups whose G rewards are all equal out of the update, and "
+                        "draw more prompts while the step runs until it has --prompts-per-step informative groups")
+    p.add_argument("--filter-groups-max-prompts", type=int, default=None, metavar="N",
+                   help="with --filter-groups: the most prompts a step draws (default: 4 x --prompts-per-step); a "
+                        "step that draws them all trains the informative groups it has")
     p.add_argument("--workload", choices=["task", "longtail"], default="task",
                    help="task: the data's prompts, answered and judged as the models write; longtail: a throughput "
                         "workload, each response and critique generated to a drawn length (log-normal, p99 at "
@@ -230,6 +240,8 @@ NUMBER_RULES = [
     ("temperature", lambda v: v > 0, "above 0: the policy samples at it and the trainer divides its logits by "
                                      "it (1.0 samples the policy as it is)"),
     ("max_response_tokens", lambda v: v >= 1, "at least 1"),
+    ("filter_groups_max_prompts", lambda v: v >= 1, "at least 1 (the most prompts a step draws with "
+                                                    "--filter-groups, and no fewer than --prompts-per-step)"),
     ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
     ("overlong_buffer", lambda v: v >= 0, "0 or more (tokens before --max-response-tokens where the overlong "
                                           "penalty falls to -1)"),
@@ -287,6 +299,7 @@ def check_config(args) -> str:
                  f"--max-response-tokens ({args.max_response_tokens}); got {args.overlong_buffer}")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
+    check_filter_groups(args)
     if args.dry_run != (args.world_size is not None):
         sys.exit("--dry-run and --world-size N go together: the dry run plans for N ranks")
     try:
@@ -315,6 +328,29 @@ def check_config(args) -> str:
         except ValueError as e:
             sys.exit(str(e))
     return template
+
+
+def check_filter_groups(args) -> None:
+    """--filter-groups and its cap only where the step that draws the prompts is the step that trains them."""
+    if args.filter_groups_max_prompts is not None and not args.filter_groups:
+        sys.exit("--filter-groups-max-prompts applies with --filter-groups only: add it, or leave the cap out")
+    if not args.filter_groups:
+        return
+    if args.max_staleness:
+        sys.exit(f"--filter-groups does not work with --max-staleness {args.max_staleness}: it draws prompts while "
+                 f"the step they are trained in rolls out, and at K > 0 the update trains a step rolled out K steps "
+                 f"earlier, which the pipeline and its checkpoints do not hold filtered; use --max-staleness 0")
+    if step_draw(args) < args.prompts_per_step:
+        sys.exit(f"--filter-groups-max-prompts must be at least --prompts-per-step ({args.prompts_per_step}): a "
+                 f"step draws those before it leaves any group out; got {args.filter_groups_max_prompts}")
+
+
+def step_draw(args) -> int:
+    """The most prompts a step draws: --prompts-per-step, or with --filter-groups its cap, by default four
+    times as many (verl's filter_groups.max_num_gen_batches caps the same draw, in batches)."""
+    if not args.filter_groups:
+        return args.prompts_per_step
+    return 4 * args.prompts_per_step if args.filter_groups_max_prompts is None else args.filter_groups_max_prompts
 
 
 def reward_recipe(args) -> Recipe:
@@ -490,7 +526,7 @@ def main(argv=None):
     def prompts(step: int) -> list[dict]:
         if step >= args.steps:  # the last K updates: nothing left to roll out
             return []
-        return [train_set[i] for i in stream_prompts(len(train_set), position, args.prompts_per_step, args.seed)]
+        return [train_set[i] for i in stream_prompts(len(train_set), position, step_draw(args), args.seed)]
 
     def roll_out(step: int, train_pool: list[Sample] | None):
         nonlocal position
@@ -515,6 +551,8 @@ def main(argv=None):
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
         record.update(step_metrics(trained, stats, time.perf_counter() - begin, args))
+        if args.filter_groups:
+            record["filter_groups"] = filter_metrics(trained, args)
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
         record.update(timeline.close_step())
         # Bytes and seconds of the storage's publishes since the last record (weights, training-state saves,
@@ -522,7 +560,7 @@ def main(argv=None):
         record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
         log_step(d, out, record, board, args.steps, clock)
-        log_samples(d, out, step, trained)
+        log_samples(d, out, step, trained, args)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
             checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending),
@@ -585,7 +623,8 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
-                        train_per_s=placement.train_per_s, train_pool=train_pool) if d.rank == 0 else None
+                        train_per_s=placement.train_per_s, train_pool=train_pool,
+                        filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
                                          genrm=genrm, capacity=args.max_seqs,
@@ -627,14 +666,16 @@ def to_train(context: RoleContext, placement: Placement) -> list[dict]:
 def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args,
                skipped_in_row: int) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics. The groups
-    trained early (`early`, pivot) are in the gradients already: the rest complete the update."""
+    trained early (`early`, pivot) are in the gradients already: the rest complete the update. Groups
+    --filter-groups left out are not in it; with none left the update takes no optimizer step."""
+    samples = [s for s in samples if not s.dropped]
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
     if early["groups"]:
         minibatches = [[s for s in samples if s.prompt_index not in early["groups"]]]
     else:
-        per = -(-len(samples) // args.minibatches)
+        per = max(1, -(-len(samples) // args.minibatches))
         minibatches = [samples[i:i + per] for i in range(0, len(samples), per)]
     stats = None
     if context.trainer is not None:
@@ -643,7 +684,9 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
             stats = context.trainer.train_step(minibatches, early if early["groups"] else None, skipped_in_row)
         # Prompt and response tokens per second per train rank: what sizes early training's shares.
         tokens = sum(len(s.prompt_ids) + len(s.response_ids) for mb in minibatches for s in mb)
-        stats["train_tokens_per_s"] = tokens / (time.perf_counter() - start) / dist.get_world_size(context.trainer.group)
+        if tokens:  # a step with nothing to train measures nothing
+            stats["train_tokens_per_s"] = (tokens / (time.perf_counter() - start)
+                                           / dist.get_world_size(context.trainer.group))
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
     stats = next(s for s in everyone if s is not None)
@@ -713,6 +756,16 @@ def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> di
             "shifts": [], **stats}
 
 
+def filter_metrics(samples: list[Sample], args) -> dict:
+    """--filter-groups: the prompts the step drew, the groups it left out and those it trained, and
+    whether it drew all it may (--filter-groups-max-prompts) with fewer informative groups than
+    --prompts-per-step."""
+    drawn = len(samples) // args.group_size
+    dropped = sum(s.dropped for s in samples) // args.group_size
+    return {"prompts_drawn": drawn, "dropped": dropped, "trained": drawn - dropped,
+            "capped": drawn == step_draw(args) and drawn - dropped < args.prompts_per_step}
+
+
 def forget_after(out: Path, start: int) -> None:
     """Drops what a run logged for steps it will do again on resuming (those after its checkpoint)."""
     for name in ("metrics.jsonl", "samples.jsonl", "timeline.jsonl"):
@@ -722,18 +775,18 @@ def forget_after(out: Path, start: int) -> None:
             path.write_text("".join(line + "\n" for line in kept))
 
 
-def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
-    """Every response of the step with its critique and reward, for reading what the judge rewards."""
+def log_samples(d: Dist, out: Path, step: int, samples: list[Sample], args) -> None:
+    """Every response of the step with its critique and reward, for reading what the judge rewards;
+    with --filter-groups, whether the update trained it."""
     if d.rank != 0:
         return
     with open(out / "samples.jsonl", "a") as f:
         for s in samples:
-            f.write(json.dumps({"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
-                                "reward": s.reward, "scores": s.scores, "advantage": s.advantage,
-                                "reference": s.reference,
-                                "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
-                                "judge_prompt_tokens": s.judge_prompt_tokens,
-                                "critique_tokens": s.critique_tokens}) + "\n")
+            row = {"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
+                   "reward": s.reward, "scores": s.scores, "advantage": s.advantage, "reference": s.reference,
+                   "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
+                   "judge_prompt_tokens": s.judge_prompt_tokens, "critique_tokens": s.critique_tokens}
+            f.write(json.dumps(row | ({"trained": not s.dropped} if args.filter_groups else {})) + "\n")
 
 
 def data_line(info: dict, args) -> str:

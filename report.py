@@ -26,8 +26,9 @@ def clock(seconds: float) -> str:
 
 
 def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
-    """One training step: its reward, speed, each role's busy seconds (summed over ranks), and the run's
-    elapsed time and the time it expects to take still."""
+    """One training step: its reward (and with --filter-groups the groups it trained of those it drew),
+    speed, each role's busy seconds (summed over ranks), and the run's elapsed time and the time it
+    expects to take still."""
     busy = " ".join(f"{role} {seconds:.1f}" for role, seconds in record["busy_s"].items())
     reward = f"reward {record['reward_mean']:.3f}"
     sources = record.get("reward_sources", {})
@@ -36,6 +37,10 @@ def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
     parts = [f"step {record['step']}/{steps}", reward,
              f"{record['samples_per_s']:.1f} samples/s", f"{record['step_time_s']:.1f} s",
              f"busy s: {busy}", f"elapsed {clock(elapsed_s)} eta {clock(eta_s)}"]
+    if "filter_groups" in record:  # --filter-groups: the groups trained of those drawn
+        kept = record["filter_groups"]
+        parts.insert(2, f"groups trained {kept['trained']}/{kept['prompts_drawn']}"
+                        + (", at --filter-groups-max-prompts" if kept["capped"] else ""))
     if record["genrm_parse_failures"]:
         parts.append(f"judge outputs unparsed {record['genrm_parse_failures']}")
     return " | ".join(parts)

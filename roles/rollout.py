@@ -29,6 +29,7 @@ class Sample:
     judge_prompt_tokens: int = 0  # the judge's prompt: its template filled with the prompt and response
     version: int = 0  # the policy weights' version that sampled every one of its tokens
     pi_old: list[float] | None = None  # rollout correction: logprobs of the weights an update starts from
+    dropped: bool = False  # --filter-groups: its group's rewards are all equal, so the update leaves it out
 
     @property
     def key(self) -> tuple[int, int]:

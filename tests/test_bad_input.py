@@ -84,6 +84,18 @@ def test_a_reward_recipe_that_cannot_be_used(flags, message):
     refused([*DRY, *flags], message)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--filter-groups", "--max-staleness", 1], "--filter-groups does not work with --max-staleness 1: .* use "
+                                                "--max-staleness 0"),
+    (["--filter-groups", "--filter-groups-max-prompts", 15], r"--filter-groups-max-prompts must be at least "
+                                                             r"--prompts-per-step \(16\): .*; got 15"),
+    (["--filter-groups-max-prompts", 64], "--filter-groups-max-prompts applies with --filter-groups only"),
+    (["--filter-groups", "--filter-groups-max-prompts", 0], "--filter-groups-max-prompts must be at least 1"),
+])
+def test_group_filtering_where_it_cannot_work(flags, message):
+    refused([*DRY, *flags], message)
+
+
 def test_wandb_project_without_wandb_installed():
     import importlib.util
     if importlib.util.find_spec("wandb") is not None:

@@ -115,6 +115,12 @@ def test_step_and_eval_lines():
     assert report.step_line(sources, 2, 0, 0).startswith("step 1/2 | reward 0.750 (genrm 0.500 exact 0.750 overlong -0.125) |")
     # the judge alone: the reward is its score, said once
     assert "(" not in report.step_line({**RECORDS[1], "reward_sources": {"genrm": 0.75}}, 2, 0, 0)
+    kept = {"prompts_drawn": 9, "dropped": 5, "trained": 4, "capped": False}
+    assert report.step_line({**RECORDS[1], "filter_groups": kept}, 2, 0, 0).startswith(
+        "step 1/2 | reward 0.750 | groups trained 4/9 | 4.0 samples/s |")
+    capped = {"prompts_drawn": 64, "dropped": 61, "trained": 3, "capped": True}
+    assert "| groups trained 3/64, at --filter-groups-max-prompts |" in report.step_line(
+        {**RECORDS[1], "filter_groups": capped}, 2, 0, 0)
 
 
 def test_elapsed_and_eta_clock():
