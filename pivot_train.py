@@ -77,7 +77,7 @@ import export
 import faults
 import report
 from planner import parse_split
-from rewards import NEEDS_REFERENCE, Recipe, final_answer, parse_reward
+from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
 from roles import logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold out this fraction of --data (seeded) for evaluation instead of --eval-data")
     p.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
+    p.add_argument("--eval-samples", type=int, default=0, metavar="K",
+                   help="also sample K answers to each held-out prompt at --temperature (each seeded) and report "
+                        "their mean accuracy, avg@K; 0: greedy answers only")
     p.add_argument("--answer-marker", default=">",
                    help="a response's final answer is the text after the last marker (for eval_accuracy)")
     # rollout
@@ -235,6 +238,7 @@ NUMBER_RULES = [
     ("eval_split", lambda v: 0 <= v < 1, "in [0, 1): the fraction of --data held out (0: use --eval-data)"),
     ("eval_every", lambda v: v >= 1, "at least 1 (steps between evaluations)"),
     ("eval_prompts", lambda v: v >= 1, "at least 1 (held-out prompts per evaluation)"),
+    ("eval_samples", lambda v: v >= 0, "0 or more (answers sampled per held-out prompt for avg@K; 0: greedy only)"),
     ("prompts_per_step", lambda v: v >= 1, "at least 1"),
     ("group_size", lambda v: v >= 2, "at least 2: GRPO compares a group's responses"),
     ("temperature", lambda v: v > 0, "above 0: the policy samples at it and the trainer divides its logits by "
@@ -713,12 +717,14 @@ def publish_and_reload(context: RoleContext, storage: ParameterStorage, placemen
 
 def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
     """Greedy answers on the held-out prompts, checked against their references, and how often the
-    judge's verdict agrees with that check. Every rank answers, then every rank judges, each in that
-    role (on GPU the other engine is asleep); the ranks then go back to the roles they held."""
+    judge's verdict agrees with that check; with --eval-samples K, also avg@K of K answers sampled at
+    --temperature. Every rank answers, then every rank judges, each in that role (on GPU the other
+    engine is asleep); the ranks then go back to the roles they held."""
     held = list(context.roles)
     shifts = context.apply(["rollout"] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
     responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
+    accuracy = sampled_accuracy(d, engine, eval_set, mine, args)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
@@ -726,7 +732,7 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
     genrm.judge(samples, step)
     shifts += context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
-    rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
+    rows = [(matches_reference(s.response, s.reference, args.answer_marker),
              None if (reward := genrm.parse(s.critique)) is None else reward >= 0.5) for s in samples]
     shards = [None] * d.world_size
     dist.all_gather_object(shards, rows, group=d.control)
@@ -738,15 +744,37 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
         key = "judge_unparsed" if verdict is None else f"judge_{'correct' if verdict else 'wrong'}_{ref}"
         confusion[key] += 1
     agree = confusion["judge_correct_ref_correct"] + confusion["judge_wrong_ref_wrong"]
-    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), "genrm_agreement": agree / len(rows),
+    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), **accuracy, "genrm_agreement": agree / len(rows),
             "genrm_confusion": confusion, "eval_shifts": shifts}
+
+
+def sampled_accuracy(d: Dist, engine: RolloutEngine, eval_set: list[dict], mine: list[int], args) -> dict:
+    """Collective, with --eval-samples K: avg@K over the held-out prompts, each rank sampling the K answers
+    to its share of them (`mine`) at --temperature; nothing without it."""
+    if not args.eval_samples:
+        return {}
+    sampled = engine.sample([(i, eval_set[i]["prompt_ids"]) for i in mine], args.eval_samples, args.temperature,
+                            args.max_response_tokens, args.seed)
+    shards = [None] * d.world_size
+    dist.all_gather_object(shards, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
+                           group=d.control)
+    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for shard in shards for a in shard],
+                                                                args.answer_marker)}
+
+
+def avg_at_k(answers: list[tuple[str | None, list[str]]], marker: str) -> float:
+    """avg@k (DAPO's avg@32, arXiv:2503.14476; verl's mean@k) of (reference, its k sampled answers) per
+    held-out prompt: the mean over prompts of the share of answers that match the reference."""
+    shares = [sum(matches_reference(a, ref, marker) for a in texts) / len(texts) for ref, texts in answers]
+    return sum(shares) / len(shares)
 
 
 def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
-    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == (final_answer(s.response, args.answer_marker)
-                                                                      == s.reference.strip()) for s in checked)
+    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == matches_reference(s.response, s.reference,
+                                                                                         args.answer_marker)
+                for s in checked)
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
             "reward_sources": {name: sum(s.scores[name] for s in samples) / len(samples) for name in samples[0].scores},
             "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,

@@ -128,6 +128,7 @@ def test_a_bad_kill_spec(monkeypatch):
     (["--eval-split", -0.1], r"--eval-split must be in \[0, 1\)"),
     (["--eval-prompts", 0], "--eval-prompts must be at least 1"),
     (["--eval-every", 0], "--eval-every must be at least 1"),
+    (["--eval-samples", -1], r"--eval-samples must be 0 or more \(answers sampled per held-out prompt for avg@K"),
     (["--max-model-len", 1], "--max-model-len must be at least 2: a prompt token and a response token"),
     (["--max-response-tokens", 0], "--max-response-tokens must be at least 1"),
     (["--max-critique-tokens", 0], "--max-critique-tokens must be at least 1"),

@@ -123,6 +123,19 @@ def test_step_and_eval_lines():
         {**RECORDS[1], "filter_groups": capped}, 2, 0, 0)
 
 
+def test_avg_at_k_on_the_eval_line_in_the_summary_and_the_curves(tmp_path):
+    sampled = [{**RECORDS[0], "eval_accuracy_avg@4": 0.1875}, RECORDS[1], {**RECORDS[2], "eval_accuracy_avg@4": 0.5}]
+    assert report.eval_line(sampled[0]) == ("eval at step 0 | accuracy 0.250 | avg@4 0.188 | judge agreement 1.000 | "
+                                            "8 held-out prompts")
+    assert report.summary(tmp_path, sampled)[0].endswith(
+        "eval accuracy 0.250 at step 0 -> 0.500 at step 2, avg@4 0.188 -> 0.500, judge agreement 0.875")
+    assert report.avg_lines(sampled) == [("eval_accuracy_avg@4", "avg@4 (sampled answers)", "s--")]
+    assert report.avg_lines(RECORDS) == []
+    assert report.series(sampled, "eval_accuracy_avg@4") == ([0, 2], [0.1875, 0.5])
+    report.draw_curves(tmp_path, sampled)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_elapsed_and_eta_clock():
     assert [report.clock(s) for s in (0, 42.4, 59.6, 187, 3599, 7500)] == ["0s", "42s", "1m00s", "3m07s", "59m59s",
                                                                        "2h05m"]
