@@ -6,8 +6,9 @@ A checkpoint is written to a temporary folder, flushed, then renamed, and only t
 (written the same way), so LATEST always names a complete checkpoint and one cut short is never
 resumed from. With it goes what the pivot planner has learned (engine-step fits, shift costs, lengths
 seen) and, with --max-staleness K > 0, the K steps generated and judged ahead of the update
-(pending.json). Nothing else needs saving for an exact resume: every sample's seed, the data order and a
-forced shift schedule are functions of (seed, step), and the metrics so far are in OUT already.
+(pending.json), and where the data stream stands (the prompts drawn so far). Nothing else needs saving for
+an exact resume: every sample's seed and a forced shift schedule are functions of (seed, step), the data
+order of the seed, and the metrics so far are in OUT already.
 """
 import dataclasses
 import json
@@ -30,7 +31,7 @@ SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_d
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
               "force_shifts", "clip_ratio_c", "adam_betas", "workload", "max_staleness", "rollout_is",
               "rollout_is_threshold", "clip_eps_high", "lr_warmup_steps", "loss_agg", "reward", "overlong_buffer",
-              "answer_marker")
+              "answer_marker", "filter_groups", "filter_groups_max_prompts")
 
 
 def latest(out: Path) -> dict | None:
@@ -47,11 +48,12 @@ def differing_flags(saved: dict, args) -> list[str]:
 
 
 def save(d, out: Path, steps_done: int, train_state, context, policy_dir: str, planner: dict | None = None,
-         pending: list[list] | None = None) -> None:
+         pending: list[list] | None = None, data_position: int = 0) -> None:
     """Collective. Train ranks still holding their trainer first write its rows to storage; node 0's
     ranks write the policy's Hugging Face directory from it (`export.write_model`, under the checkpoint
     of `policy_dir`); then rank 0 writes its node's copy of the state, what the planner has learned
-    (`planner`, rank 0's) and, with --max-staleness, the samples of the steps generated and judged whose
+    (`planner`, rank 0's), the prompts the steps rolled out have drawn from the data stream
+    (`data_position`) and, with --max-staleness, the samples of the steps generated and judged whose
     updates are still to come (`pending`, oldest first)."""
     train_state.save(context.trainer)
     root = out / "checkpoints"
@@ -60,7 +62,8 @@ def save(d, out: Path, steps_done: int, train_state, context, policy_dir: str, p
     export.write_model(d, train_state, policy_dir, tmp / "model")
     if d.rank == 0:
         _write(tmp / "state.bin", memoryview(train_state.state.buffer.numpy()))
-        _write(tmp / "meta.json", json.dumps({"steps_done": steps_done, "planner": planner}).encode())
+        meta = {"steps_done": steps_done, "planner": planner, "data_position": data_position}
+        _write(tmp / "meta.json", json.dumps(meta).encode())
         if pending:
             steps = [[dataclasses.asdict(s) for s in step] for step in pending]
             _write(tmp / "pending.json", json.dumps(steps).encode())

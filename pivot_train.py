@@ -38,7 +38,11 @@ Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300)
     in a row stop the run;
   - with --minibatches N > 1, minibatches after the first are trained on by weights that did not
     sample them (the clipped ratio bounds how far they move);
-  - with --max-staleness K > 0, samples K updates old (above); --rollout-is for verl's rollout correction.
+  - with --max-staleness K > 0, samples K updates old (above); --rollout-is for verl's rollout correction;
+  - with --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2), groups whose G rewards
+    are all equal leave the update, and the step draws more prompts while it runs until it has
+    --prompts-per-step informative groups, or --filter-groups-max-prompts drawn (then it trains those it
+    has; verl's filter_groups stops the run at its max_num_gen_batches instead).
 
 On CPU, the built-in task (the defaults):
     torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
@@ -74,7 +78,7 @@ import export
 import faults
 import report
 from planner import parse_split
-from rewards import NEEDS_REFERENCE, Recipe, final_answer, parse_reward
+from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
 from roles import logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
@@ -87,7 +91,7 @@ from shifting.placement import Placement
 from shifting.scheduler import StepQueues, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks import longtail
-from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, step_prompts
+from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, stream_prompts
 from timeline import Timeline
 
 HERE = Path(__file__).resolve().parent
@@ -113,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold out this fraction of --data (seeded) for evaluation instead of --eval-data")
     p.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
+    p.add_argument("--eval-samples", type=int, default=0, metavar="K",
+                   help="also sample K answers to each held-out prompt at --temperature (each seeded) and report "
+                        "their mean accuracy, avg@K; 0: greedy answers only")
     p.add_argument("--answer-marker", default=">",
                    help="a response's final answer is the text after the last marker (for eval_accuracy)")
     # rollout
@@ -120,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-response-tokens", type=int, default=64)
+    p.add_argument("--filter-groups", action="store_true",
+                   help="DAPO's dynamic sampling: leave groups whose G rewards are all equal out of the update, and "
+                        "draw more prompts while the step runs until it has --prompts-per-step informative groups")
+    p.add_argument("--filter-groups-max-prompts", type=int, default=None, metavar="N",
+                   help="with --filter-groups: the most prompts a step draws (default: 4 x --prompts-per-step); a "
+                        "step that draws them all trains the informative groups it has")
     p.add_argument("--workload", choices=["task", "longtail"], default="task",
                    help="task: the data's prompts, answered and judged as the models write; longtail: a throughput "
                         "workload, each response and critique generated to a drawn length (log-normal, p99 at "
@@ -227,11 +240,14 @@ NUMBER_RULES = [
     ("eval_split", lambda v: 0 <= v < 1, "in [0, 1): the fraction of --data held out (0: use --eval-data)"),
     ("eval_every", lambda v: v >= 1, "at least 1 (steps between evaluations)"),
     ("eval_prompts", lambda v: v >= 1, "at least 1 (held-out prompts per evaluation)"),
+    ("eval_samples", lambda v: v >= 0, "0 or more (answers sampled per held-out prompt for avg@K; 0: greedy only)"),
     ("prompts_per_step", lambda v: v >= 1, "at least 1"),
     ("group_size", lambda v: v >= 2, "at least 2: GRPO compares a group's responses"),
     ("temperature", lambda v: v > 0, "above 0: the policy samples at it and the trainer divides its logits by "
                                      "it (1.0 samples the policy as it is)"),
     ("max_response_tokens", lambda v: v >= 1, "at least 1"),
+    ("filter_groups_max_prompts", lambda v: v >= 1, "at least 1 (the most prompts a step draws with "
+                                                    "--filter-groups, and no fewer than --prompts-per-step)"),
     ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
     ("overlong_buffer", lambda v: v >= 0, "0 or more (tokens before --max-response-tokens where the overlong "
                                           "penalty falls to -1)"),
@@ -289,6 +305,7 @@ def check_config(args) -> str:
                  f"--max-response-tokens ({args.max_response_tokens}); got {args.overlong_buffer}")
     if args.prompts_per_step * args.group_size < args.minibatches:
         sys.exit("--minibatches cannot exceed the samples of a step (--prompts-per-step x --group-size)")
+    check_filter_groups(args)
     if args.dry_run != (args.world_size is not None):
         sys.exit("--dry-run and --world-size N go together: the dry run plans for N ranks")
     try:
@@ -317,6 +334,29 @@ def check_config(args) -> str:
         except ValueError as e:
             sys.exit(str(e))
     return template
+
+
+def check_filter_groups(args) -> None:
+    """--filter-groups and its cap only where the step that draws the prompts is the step that trains them."""
+    if args.filter_groups_max_prompts is not None and not args.filter_groups:
+        sys.exit("--filter-groups-max-prompts applies with --filter-groups only: add it, or leave the cap out")
+    if not args.filter_groups:
+        return
+    if args.max_staleness:
+        sys.exit(f"--filter-groups does not work with --max-staleness {args.max_staleness}: it draws prompts while "
+                 f"the step they are trained in rolls out, and at K > 0 the update trains a step rolled out K steps "
+                 f"earlier, which the pipeline and its checkpoints do not hold filtered; use --max-staleness 0")
+    if step_draw(args) < args.prompts_per_step:
+        sys.exit(f"--filter-groups-max-prompts must be at least --prompts-per-step ({args.prompts_per_step}): a "
+                 f"step draws those before it leaves any group out; got {args.filter_groups_max_prompts}")
+
+
+def step_draw(args) -> int:
+    """The most prompts a step draws: --prompts-per-step, or with --filter-groups its cap, by default four
+    times as many (verl's filter_groups.max_num_gen_batches caps the same draw, in batches)."""
+    if not args.filter_groups:
+        return args.prompts_per_step
+    return 4 * args.prompts_per_step if args.filter_groups_max_prompts is None else args.filter_groups_max_prompts
 
 
 def reward_recipe(args) -> Recipe:
@@ -486,15 +526,20 @@ def main(argv=None):
     # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
     # the pipeline is full), oldest first.
     pending = collections.deque(checkpoint.pending_steps(resume) if resume else [])
+    # Where the data stream stands: the prompts the steps rolled out so far have drawn.
+    position = data_position(resume, start, len(pending), args)
 
     def prompts(step: int) -> list[dict]:
         if step >= args.steps:  # the last K updates: nothing left to roll out
             return []
-        return [train_set[i] for i in step_prompts(len(train_set), step, args.prompts_per_step, args.seed)]
+        return [train_set[i] for i in stream_prompts(len(train_set), position, step_draw(args), args.seed)]
 
     def roll_out(step: int, train_pool: list[Sample] | None):
-        return rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
-                                 version=storage.version, train_pool=train_pool, skipped_in_row=skipped_in_row)
+        nonlocal position
+        rolled = rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
+                                   version=storage.version, train_pool=train_pool, skipped_in_row=skipped_in_row)
+        position += len(rolled[0]) // args.group_size  # every prompt drawn yields G samples
+        return rolled
 
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
@@ -514,6 +559,8 @@ def main(argv=None):
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
         record.update(step_metrics(trained, stats, time.perf_counter() - begin, args))
+        if args.filter_groups:
+            record["filter_groups"] = filter_metrics(trained, args)
         record.update(shifts=shifts, **generation, cpu_busy=busy_fraction(cpu, cpu_ticks()))
         record.update(timeline.close_step())
         # Bytes and seconds of the storage's publishes since the last record (weights, training-state saves,
@@ -521,10 +568,11 @@ def main(argv=None):
         record["storage"] = {"policy": storage.traffic(), "train_state": train_state.state.traffic(),
                              **({"train_grads": train_state.partial.traffic()} if train_state.partial else {})}
         log_step(d, out, record, board, args.steps, clock)
-        log_samples(d, out, step, trained)
+        log_samples(d, out, step, trained, args)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
-            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending))
+            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending),
+                            data_position=position)
 
     # The trained policy as a Hugging Face directory, from the state the last update left in storage.
     train_state.save(context.trainer)
@@ -538,6 +586,14 @@ def main(argv=None):
     context = rollout_engine = genrm = None  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed(d)
+
+
+def data_position(resume: dict | None, start: int, pending: int, args) -> int:
+    """Where a launch takes up the data stream: at its start, or where the checkpoint says it stood
+    (one written before it said so: after the steps done and `pending`, each of --prompts-per-step)."""
+    if resume is None:
+        return 0
+    return resume.get("data_position", (start + pending) * args.prompts_per_step)
 
 
 # What the steps rolled out before the first update (--max-staleness K > 0) add to its record.
@@ -577,7 +633,8 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
                         train_per_s=placement.train_per_s, train_pool=train_pool,
-                        skipped_in_row=skipped_in_row) if d.rank == 0 else None
+                        skipped_in_row=skipped_in_row,
+                        filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
                                          genrm=genrm, capacity=args.max_seqs,
@@ -620,14 +677,16 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
                skipped_in_row: int) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics. The groups
     trained early (`early`, pivot) are in the gradients already: the rest complete the update. With
-    `early["update"]` the train ranks made it already, during the rollout: its statistics are kept."""
+    `early["update"]` the train ranks made it already, during the rollout: its statistics are kept. Groups
+    --filter-groups left out are not in it; with none left the update takes no optimizer step."""
+    samples = [s for s in samples if not s.dropped]
     rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
     if early["groups"]:
         minibatches = [[s for s in samples if s.prompt_index not in early["groups"]]]
     else:
-        per = -(-len(samples) // args.minibatches)
+        per = max(1, -(-len(samples) // args.minibatches))
         minibatches = [samples[i:i + per] for i in range(0, len(samples), per)]
     stats = early["update"]
     if stats is None and context.trainer is not None:
@@ -636,7 +695,9 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
             stats = context.trainer.train_step(minibatches, early if early["groups"] else None, skipped_in_row)
         # Prompt and response tokens per second per train rank: what sizes early training's shares.
         tokens = sum(len(s.prompt_ids) + len(s.response_ids) for mb in minibatches for s in mb)
-        stats["train_tokens_per_s"] = tokens / (time.perf_counter() - start) / dist.get_world_size(context.trainer.group)
+        if tokens:  # a step with nothing to train measures nothing
+            stats["train_tokens_per_s"] = (tokens / (time.perf_counter() - start)
+                                           / dist.get_world_size(context.trainer.group))
     everyone = [None] * context.d.world_size
     dist.all_gather_object(everyone, stats, group=context.d.control)
     stats = next(s for s in everyone if s is not None)
@@ -669,12 +730,14 @@ def publish_and_reload(context: RoleContext, storage: ParameterStorage, placemen
 
 def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
     """Greedy answers on the held-out prompts, checked against their references, and how often the
-    judge's verdict agrees with that check. Every rank answers, then every rank judges, each in that
-    role (on GPU the other engine is asleep); the ranks then go back to the roles they held."""
+    judge's verdict agrees with that check; with --eval-samples K, also avg@K of K answers sampled at
+    --temperature. Every rank answers, then every rank judges, each in that role (on GPU the other
+    engine is asleep); the ranks then go back to the roles they held."""
     held = list(context.roles)
     shifts = context.apply(["rollout"] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
     responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
+    accuracy = sampled_accuracy(d, engine, eval_set, mine, args)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
@@ -682,7 +745,7 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
     genrm.judge(samples, step)
     shifts += context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
-    rows = [(final_answer(s.response, args.answer_marker) == (s.reference or "").strip(),
+    rows = [(matches_reference(s.response, s.reference, args.answer_marker),
              None if (reward := genrm.parse(s.critique)) is None else reward >= 0.5) for s in samples]
     shards = [None] * d.world_size
     dist.all_gather_object(shards, rows, group=d.control)
@@ -694,15 +757,37 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
         key = "judge_unparsed" if verdict is None else f"judge_{'correct' if verdict else 'wrong'}_{ref}"
         confusion[key] += 1
     agree = confusion["judge_correct_ref_correct"] + confusion["judge_wrong_ref_wrong"]
-    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), "genrm_agreement": agree / len(rows),
+    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), **accuracy, "genrm_agreement": agree / len(rows),
             "genrm_confusion": confusion, "eval_shifts": shifts}
+
+
+def sampled_accuracy(d: Dist, engine: RolloutEngine, eval_set: list[dict], mine: list[int], args) -> dict:
+    """Collective, with --eval-samples K: avg@K over the held-out prompts, each rank sampling the K answers
+    to its share of them (`mine`) at --temperature; nothing without it."""
+    if not args.eval_samples:
+        return {}
+    sampled = engine.sample([(i, eval_set[i]["prompt_ids"]) for i in mine], args.eval_samples, args.temperature,
+                            args.max_response_tokens, args.seed)
+    shards = [None] * d.world_size
+    dist.all_gather_object(shards, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
+                           group=d.control)
+    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for shard in shards for a in shard],
+                                                                args.answer_marker)}
+
+
+def avg_at_k(answers: list[tuple[str | None, list[str]]], marker: str) -> float:
+    """avg@k (DAPO's avg@32, arXiv:2503.14476; verl's mean@k) of (reference, its k sampled answers) per
+    held-out prompt: the mean over prompts of the share of answers that match the reference."""
+    shares = [sum(matches_reference(a, ref, marker) for a in texts) / len(texts) for ref, texts in answers]
+    return sum(shares) / len(shares)
 
 
 def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
-    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == (final_answer(s.response, args.answer_marker)
-                                                                      == s.reference.strip()) for s in checked)
+    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == matches_reference(s.response, s.reference,
+                                                                                         args.answer_marker)
+                for s in checked)
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
             "reward_sources": {name: sum(s.scores[name] for s in samples) / len(samples) for name in samples[0].scores},
             "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,
@@ -710,6 +795,16 @@ def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> di
             "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
             "genrm_agreement_train": agree / len(checked) if checked else None,
             "shifts": [], **stats}
+
+
+def filter_metrics(samples: list[Sample], args) -> dict:
+    """--filter-groups: the prompts the step drew, the groups it left out and those it trained, and
+    whether it drew all it may (--filter-groups-max-prompts) with fewer informative groups than
+    --prompts-per-step."""
+    drawn = len(samples) // args.group_size
+    dropped = sum(s.dropped for s in samples) // args.group_size
+    return {"prompts_drawn": drawn, "dropped": dropped, "trained": drawn - dropped,
+            "capped": drawn == step_draw(args) and drawn - dropped < args.prompts_per_step}
 
 
 def forget_after(out: Path, start: int) -> None:
@@ -721,18 +816,18 @@ def forget_after(out: Path, start: int) -> None:
             path.write_text("".join(line + "\n" for line in kept))
 
 
-def log_samples(d: Dist, out: Path, step: int, samples: list[Sample]) -> None:
-    """Every response of the step with its critique and reward, for reading what the judge rewards."""
+def log_samples(d: Dist, out: Path, step: int, samples: list[Sample], args) -> None:
+    """Every response of the step with its critique and reward, for reading what the judge rewards;
+    with --filter-groups, whether the update trained it."""
     if d.rank != 0:
         return
     with open(out / "samples.jsonl", "a") as f:
         for s in samples:
-            f.write(json.dumps({"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
-                                "reward": s.reward, "scores": s.scores, "advantage": s.advantage,
-                                "reference": s.reference,
-                                "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
-                                "judge_prompt_tokens": s.judge_prompt_tokens,
-                                "critique_tokens": s.critique_tokens}) + "\n")
+            row = {"step": step, "prompt": s.prompt, "response": s.response, "critique": s.critique,
+                   "reward": s.reward, "scores": s.scores, "advantage": s.advantage, "reference": s.reference,
+                   "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
+                   "judge_prompt_tokens": s.judge_prompt_tokens, "critique_tokens": s.critique_tokens}
+            f.write(json.dumps(row | ({"trained": not s.dropped} if args.filter_groups else {})) + "\n")
 
 
 def data_line(info: dict, args) -> str:

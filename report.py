@@ -26,8 +26,9 @@ def clock(seconds: float) -> str:
 
 
 def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
-    """One training step: its reward, speed, each role's busy seconds (summed over ranks), and the run's
-    elapsed time and the time it expects to take still."""
+    """One training step: its reward (and with --filter-groups the groups it trained of those it drew),
+    speed, each role's busy seconds (summed over ranks), and the run's elapsed time and the time it
+    expects to take still."""
     busy = " ".join(f"{role} {seconds:.1f}" for role, seconds in record["busy_s"].items())
     reward = f"reward {record['reward_mean']:.3f}"
     sources = record.get("reward_sources", {})
@@ -36,16 +37,26 @@ def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
     parts = [f"step {record['step']}/{steps}", reward,
              f"{record['samples_per_s']:.1f} samples/s", f"{record['step_time_s']:.1f} s",
              f"busy s: {busy}", f"elapsed {clock(elapsed_s)} eta {clock(eta_s)}"]
+    if "filter_groups" in record:  # --filter-groups: the groups trained of those drawn
+        kept = record["filter_groups"]
+        parts.insert(2, f"groups trained {kept['trained']}/{kept['prompts_drawn']}"
+                        + (", at --filter-groups-max-prompts" if kept["capped"] else ""))
     if record["genrm_parse_failures"]:
         parts.append(f"judge outputs unparsed {record['genrm_parse_failures']}")
     return " | ".join(parts)
 
 
 def eval_line(record: dict) -> str:
-    """An evaluation of the weights after `step` updates."""
+    """An evaluation of the weights after `step` updates: greedy accuracy, avg@k with --eval-samples k."""
     prompts = sum(record["genrm_confusion"].values())
-    return (f"eval at step {record['step']} | accuracy {record['eval_accuracy']:.3f} | judge agreement "
+    sampled = "".join(f" | {key.removeprefix('eval_accuracy_')} {record[key]:.3f}" for key in avg_keys([record]))
+    return (f"eval at step {record['step']} | accuracy {record['eval_accuracy']:.3f}{sampled} | judge agreement "
             f"{record['genrm_agreement']:.3f} | {prompts} held-out prompts")
+
+
+def avg_keys(records: list[dict]) -> list[str]:
+    """The avg@k metrics of the records (--eval-samples k: `eval_accuracy_avg@k`), in the order first seen."""
+    return list(dict.fromkeys(key for r in records for key in r if key.startswith("eval_accuracy_avg@")))
 
 
 def read_metrics(out: Path) -> list[dict]:
@@ -76,6 +87,11 @@ def source_lines(records: list[dict]) -> list[tuple[str, str, str]]:
     return [(f"reward_sources.{name}", f"{name} (score)", "--") for name in sources] if len(sources) > 1 else []
 
 
+def avg_lines(records: list[dict]) -> list[tuple[str, str, str]]:
+    """The held-out panel's line per avg@k, beside the greedy accuracy."""
+    return [(key, f"{key.removeprefix('eval_accuracy_')} (sampled answers)", "s--") for key in avg_keys(records)]
+
+
 def draw_curves(out: Path, records: list[dict]) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -83,7 +99,7 @@ def draw_curves(out: Path, records: list[dict]) -> None:
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     for index, (ax, (title, ylabel, lines, fraction)) in enumerate(zip(axes.flat, PANELS)):
-        lines = lines + (source_lines(records) if index == 0 else [])
+        lines = lines + (source_lines(records) if index == 0 else avg_lines(records) if index == 1 else [])
         for metric, label, style in lines:
             ax.plot(*series(records, metric), style, label=label, markersize=5)
         ax.set_title(title)
@@ -113,8 +129,10 @@ def summary(out: Path, records: list[dict]) -> list[str]:
     if evals:
         first, last = evals[0], evals[-1]
         lines[0] += (f"; eval accuracy {first['eval_accuracy']:.3f} at step {first['step']} -> "
-                     f"{last['eval_accuracy']:.3f} at step {last['step']}, judge agreement "
-                     f"{last['genrm_agreement']:.3f}")
+                     f"{last['eval_accuracy']:.3f} at step {last['step']}, "
+                     + "".join(f"{key.removeprefix('eval_accuracy_')} {first[key]:.3f} -> {last[key]:.3f}, "
+                               for key in avg_keys([first, last]) if key in first and key in last)
+                     + f"judge agreement {last['genrm_agreement']:.3f}")
     files = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not p.name.startswith("."))
     lines.append(f"files in {out}: {' '.join(files)}")
     return lines

@@ -39,8 +39,14 @@ def final_answer(response: str, marker: str) -> str | None:
     return response.rsplit(marker, 1)[1].strip() if marker in response else None
 
 
+def matches_reference(response: str, reference: str | None, marker: str) -> bool:
+    """Whether the answer after the last `marker` is the reference: the one check of an answer, for the
+    exact source, the judge's agreement and the held-out accuracy."""
+    return final_answer(response, marker) == (reference or "").strip()
+
+
 def exact_score(response: str, reference: str, marker: str) -> float:
-    return 1.0 if final_answer(response, marker) == reference.strip() else 0.0
+    return 1.0 if matches_reference(response, reference, marker) else 0.0
 
 
 def overlong_score(length: int, max_tokens: int, buffer: int) -> float:

@@ -29,6 +29,7 @@ class Sample:
     judge_prompt_tokens: int = 0  # the judge's prompt: its template filled with the prompt and response
     version: int = 0  # the policy weights' version that sampled every one of its tokens
     pi_old: list[float] | None = None  # rollout correction: logprobs of the weights an update starts from
+    dropped: bool = False  # --filter-groups: its group's rewards are all equal, so the update leaves it out
 
     @property
     def key(self) -> tuple[int, int]:
@@ -39,6 +40,14 @@ def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> i
     """Each sample's own seed: G requests sharing one seed would return G identical responses, and a
     seed tied to (step, prompt, sample) rather than to a rank makes any placement sample the same."""
     return int(np.random.SeedSequence([seed, step, prompt_index, sample_index]).generate_state(1)[0])
+
+
+def eval_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of sampled answer `sample_index` to held-out prompt `prompt_index` (--eval-samples): the
+    same at every evaluation, so avg@k moves with the weights and not with the draw, and a stream of its
+    own (spawn_key), apart from the training samples' seeds."""
+    entropy = np.random.SeedSequence([seed, prompt_index, sample_index], spawn_key=(1,))
+    return int(entropy.generate_state(1)[0])
 
 
 class RolloutEngine:
@@ -65,6 +74,15 @@ class RolloutEngine:
                       response=self.tokenizer.decode(done.token_ids, skip_special_tokens=True),
                       reference=record.get("reference"), prompt=record["prompt"], rubric=record.get("rubric"),
                       prefill_tokens=done.prefill_tokens)
+
+    def sample(self, prompts: list[tuple[int, list[int]]], k: int, temperature: float, max_tokens: int,
+               seed: int) -> list[list[str]]:
+        """`k` answers at `temperature` to each (held-out index, prompt ids), each with its `eval_seed`."""
+        requests = [Request("rollout", (i, g), ids, max_tokens, temperature, eval_seed(seed, i, g))
+                    for i, ids in prompts for g in range(k)]
+        done = self.engine.run(requests)
+        texts = [self.tokenizer.decode(done[r.id].token_ids, skip_special_tokens=True) for r in requests]
+        return [texts[j:j + k] for j in range(0, len(texts), k)]
 
     def greedy(self, prompt_ids: list[list[int]], max_tokens: int) -> list[str]:
         requests = [Request("rollout", (i, 0), ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]

@@ -38,6 +38,13 @@ def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
+def informative(rewards: list[float]) -> bool:
+    """Whether a group's rewards differ. A group of equal rewards has zero advantages, so it adds nothing
+    to the gradient but its tokens to the loss's denominator; DAPO's dynamic sampling (Yu et al. 2025,
+    arXiv:2503.14476, section 3.2) leaves such groups out of the update (--filter-groups)."""
+    return max(rewards) != min(rewards)
+
+
 # The log-ratio's bound before exp, verl's (compute_policy_loss in verl/trainer/ppo/core_algos.py).
 LOG_RATIO_BOUND = 20.0
 

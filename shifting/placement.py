@@ -69,8 +69,9 @@ class Placement:
         measured shift costs."""
         if self.planner is None:
             return
-        self.train_per_s = 0.5 * self.train_per_s + 0.5 * stats["train_tokens_per_s"]
-        self.planner.speeds = replace(self.planner.speeds, train_per_s=self.train_per_s)
+        if "train_tokens_per_s" in stats:  # measured in a step that trained something
+            self.train_per_s = 0.5 * self.train_per_s + 0.5 * stats["train_tokens_per_s"]
+            self.planner.speeds = replace(self.planner.speeds, train_per_s=self.train_per_s)
         self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
         self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
         for shift in shifts:

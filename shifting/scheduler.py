@@ -31,6 +31,14 @@ exactly G responses, each judged exactly once, with no generated token lost or r
 With --max-staleness K > 0 the groups the train ranks work through are not this step's but those of
 the step K earlier (`train_pool`: generated and judged already, all ready at the step's start), so
 training overlaps rollout and judging; without K they are this step's, as each is judged.
+
+With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `batch` holds
+every prompt it may draw. The first --prompts-per-step are queued; each group judged whose rewards are all
+equal is left out of the update, and the next prompt of `batch` takes its place: its G requests join the
+rollout queue then, while the step runs. Every prompt admitted adds one informative group or one more
+admission, so what a step draws does not depend on the order its groups finish in: the shortest prefix of
+`batch` that holds --prompts-per-step informative groups, or all of it. A group handed to the train ranks
+is judged and informative, so none is trained and then left out.
 """
 import random
 import statistics
@@ -46,7 +54,7 @@ from roles import ENGINE_ROLES, ROLES
 from roles.engine import Completion, Request
 from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import NO_EARLY, add_early, grpo_advantages
+from roles.trainer import NO_EARLY, add_early, grpo_advantages, informative
 from shifting.book import POLL_S, RECENT_STEPS, empty_enough, round_seconds, shares
 
 
@@ -163,11 +171,19 @@ class StepQueues:
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
     def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
-                 train_per_s: float = 1e4, train_pool: list[Sample] | None = None, skipped_in_row: int = 0):
+                 train_per_s: float = 1e4, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
+                 filter_groups: int | None = None):
+        """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
+        `batch` is then every prompt it may draw, admitted as groups are left out. None: all of `batch`."""
         self.batch, self.step, self.group_size = batch, step, args.group_size
-        self.queue = {"rollout": deque(RolloutEngine.requests(
+        requests = RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
-            max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")), "genrm": deque()}
+            max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")
+        admitted = len(batch) if filter_groups is None else min(filter_groups, len(batch))
+        self.queue = {"rollout": deque(requests[:admitted * self.group_size]), "genrm": deque()}
+        self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
+        self.filter_groups = filter_groups is not None
+        self.dropped: list[int] = []  # groups left out of the update (prompt indices), as they were judged
         self.expected = len(self.queue["rollout"])
         self.samples: dict[tuple[int, int], Sample] = {}
         self.judged: set[tuple[int, int]] = set()
@@ -260,16 +276,30 @@ class StepQueues:
             advantages = grpo_advantages(torch.tensor([[s.reward for s in group]]))[0].tolist()
             for s, a in zip(group, advantages):
                 s.advantage = a
+            if self.filter_groups and not informative([s.reward for s in group]):
+                self._drop(group)
+
+    def _drop(self, group: list[Sample]) -> None:
+        """--filter-groups: a group of equal rewards leaves the update, and the next prompt the step may
+        draw, if any is left, is admitted in its place: its G requests are queued now."""
+        assert group[0].prompt_index not in self.trained, f"group {group[0].prompt_index} trained, then left out"
+        self.dropped.append(group[0].prompt_index)
+        for s in group:
+            s.dropped = True
+        admitted = [self.held.popleft() for _ in range(min(self.group_size, len(self.held)))]
+        self.queue["rollout"].extend(admitted)
+        self.expected += len(admitted)
 
     def train_samples(self) -> dict[tuple[int, int], Sample]:
         """The samples this step's update trains on, by key: the train pool's, or this step's so far."""
         return self.samples if self.train_pool is None else self.train_pool
 
     def ready_groups(self) -> list[int]:
-        """Judged groups of the update no train rank has had, in prompt order."""
+        """Judged groups of the update no train rank has had, in prompt order (informative ones only,
+        with --filter-groups)."""
         if self.train_pool is not None:
             return sorted({p for p, _ in self.train_pool} - set(self.trained))
-        return [p for p in range(len(self.batch)) if p not in self.trained
+        return [p for p in range(len(self.batch)) if p not in self.trained and p not in self.dropped
                 and all((p, g) in self.judged for g in range(self.group_size))]
 
     def update_due(self) -> bool:
@@ -282,9 +312,9 @@ class StepQueues:
     def train_tokens(self) -> tuple[int, int]:
         """Prompt and response tokens of the update's groups not trained yet: of those judged (ready now),
         and of those sampled so far (judged or not; the pool's are all judged)."""
-        trained, ready = set(self.trained), set(self.ready_groups())
+        gone, ready = set(self.trained) | set(self.dropped), set(self.ready_groups())  # trained, or left out
         tokens = [(p, len(s.prompt_ids) + len(s.response_ids)) for (p, _), s in self.train_samples().items()
-                  if p not in trained]
+                  if p not in gone]
         return sum(n for p, n in tokens if p in ready), sum(n for _, n in tokens)
 
     def hand_to_train(self) -> list[list[Sample]]:
@@ -338,8 +368,10 @@ class StepQueues:
 def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> tuple[list[str], Rounds]:
     """Every rank rolls out, then every rank judges, once no rollout is left anywhere. With nothing
     queued, nothing can change before every engine has run empty: ranks report once, then; with work
-    queued, a rank that runs empty ends the round so that it gets some."""
-    role = "rollout" if queues.pending("rollout") else "genrm"
+    queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
+    admits while the ranks judge wait until the judging is done: one switch back, not one a round."""
+    judging = roles[0] == "genrm" and (queues.queue["genrm"] or queues.in_flight["genrm"])
+    role = "rollout" if queues.pending("rollout") and not judging else "genrm"
     return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
 

@@ -113,10 +113,16 @@ def fit_to_length(records: list[dict], tokenizer, judge_ids, *, max_model_len: i
 
 
 def step_prompts(n_records: int, step: int, per_step: int, seed: int) -> list[int]:
-    """Indices of the prompts of `step`: consecutive slices of one seeded shuffle per epoch, so the
-    order depends only on (seed, step) and a resumed run sees the same prompts."""
+    """Indices of the prompts of `step` when every step draws `per_step`: the step's slice of the stream."""
+    return stream_prompts(n_records, step * per_step, per_step, seed)
+
+
+def stream_prompts(n_records: int, start: int, count: int, seed: int) -> list[int]:
+    """Indices of the `count` prompts from position `start` of the data stream: one seeded shuffle per
+    epoch, one after another, so the order depends only on the seed and a resumed run that knows its
+    position sees the same prompts."""
     orders, indices = {}, []
-    for position in range(step * per_step, (step + 1) * per_step):
+    for position in range(start, start + count):
         epoch, offset = divmod(position, n_records)
         if epoch not in orders:
             orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n_records)

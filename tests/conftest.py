@@ -32,6 +32,10 @@ PLACEMENTS = {
     "pivot-k2": (["--placement", "pivot", "--max-staleness", 2, "--rollout-is", "token"], 2),
     "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
                           "--max-staleness", 2], 3),
+    # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/test_filter_groups.py);
+    # avg@3 of the held-out prompts beside the greedy accuracy (tests/test_eval_samples.py)
+    "pivot-filter": (["--placement", "pivot", "--filter-groups", "--eval-samples", 3], 2),
+    "colocated-filter": (["--filter-groups", "--eval-samples", 3], 2),
 }
 # vLLM warns of a VLLM_ variable it does not know, from the logger of a warning that roles/logs.py leaves
 # out: a real warning, which a run's console must still show. OMP_NUM_THREADS set keeps torchrun's own note

@@ -84,6 +84,18 @@ def test_a_reward_recipe_that_cannot_be_used(flags, message):
     refused([*DRY, *flags], message)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--filter-groups", "--max-staleness", 1], "--filter-groups does not work with --max-staleness 1: .* use "
+                                                "--max-staleness 0"),
+    (["--filter-groups", "--filter-groups-max-prompts", 15], r"--filter-groups-max-prompts must be at least "
+                                                             r"--prompts-per-step \(16\): .*; got 15"),
+    (["--filter-groups-max-prompts", 64], "--filter-groups-max-prompts applies with --filter-groups only"),
+    (["--filter-groups", "--filter-groups-max-prompts", 0], "--filter-groups-max-prompts must be at least 1"),
+])
+def test_group_filtering_where_it_cannot_work(flags, message):
+    refused([*DRY, *flags], message)
+
+
 def test_wandb_project_without_wandb_installed():
     import importlib.util
     if importlib.util.find_spec("wandb") is not None:
@@ -116,6 +128,7 @@ def test_a_bad_kill_spec(monkeypatch):
     (["--eval-split", -0.1], r"--eval-split must be in \[0, 1\)"),
     (["--eval-prompts", 0], "--eval-prompts must be at least 1"),
     (["--eval-every", 0], "--eval-every must be at least 1"),
+    (["--eval-samples", -1], r"--eval-samples must be 0 or more \(answers sampled per held-out prompt for avg@K"),
     (["--max-model-len", 1], "--max-model-len must be at least 2: a prompt token and a response token"),
     (["--max-response-tokens", 0], "--max-response-tokens must be at least 1"),
     (["--max-critique-tokens", 0], "--max-critique-tokens must be at least 1"),

@@ -115,6 +115,25 @@ def test_step_and_eval_lines():
     assert report.step_line(sources, 2, 0, 0).startswith("step 1/2 | reward 0.750 (genrm 0.500 exact 0.750 overlong -0.125) |")
     # the judge alone: the reward is its score, said once
     assert "(" not in report.step_line({**RECORDS[1], "reward_sources": {"genrm": 0.75}}, 2, 0, 0)
+    kept = {"prompts_drawn": 9, "dropped": 5, "trained": 4, "capped": False}
+    assert report.step_line({**RECORDS[1], "filter_groups": kept}, 2, 0, 0).startswith(
+        "step 1/2 | reward 0.750 | groups trained 4/9 | 4.0 samples/s |")
+    capped = {"prompts_drawn": 64, "dropped": 61, "trained": 3, "capped": True}
+    assert "| groups trained 3/64, at --filter-groups-max-prompts |" in report.step_line(
+        {**RECORDS[1], "filter_groups": capped}, 2, 0, 0)
+
+
+def test_avg_at_k_on_the_eval_line_in_the_summary_and_the_curves(tmp_path):
+    sampled = [{**RECORDS[0], "eval_accuracy_avg@4": 0.1875}, RECORDS[1], {**RECORDS[2], "eval_accuracy_avg@4": 0.5}]
+    assert report.eval_line(sampled[0]) == ("eval at step 0 | accuracy 0.250 | avg@4 0.188 | judge agreement 1.000 | "
+                                            "8 held-out prompts")
+    assert report.summary(tmp_path, sampled)[0].endswith(
+        "eval accuracy 0.250 at step 0 -> 0.500 at step 2, avg@4 0.188 -> 0.500, judge agreement 0.875")
+    assert report.avg_lines(sampled) == [("eval_accuracy_avg@4", "avg@4 (sampled answers)", "s--")]
+    assert report.avg_lines(RECORDS) == []
+    assert report.series(sampled, "eval_accuracy_avg@4") == ([0, 2], [0.1875, 0.5])
+    report.draw_curves(tmp_path, sampled)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_elapsed_and_eta_clock():

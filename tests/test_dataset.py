@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from tasks.dataset import DataError, encode_prompt, fit_to_length, load_jsonl, load_records, split_heldout, step_prompts
+from tasks.dataset import (DataError, encode_prompt, fit_to_length, load_jsonl, load_records, split_heldout,
+                           step_prompts, stream_prompts)
 
 
 def write(tmp_path, text):
@@ -114,3 +115,11 @@ def test_step_order_is_a_function_of_seed_and_step_and_covers_each_epoch():
     assert sorted(first_epoch) == list(range(10))
     assert step_prompts(10, 7, 4, seed=3) == step_prompts(10, 7, 4, seed=3)
     assert step_prompts(10, 0, 10, seed=3) != step_prompts(10, 0, 10, seed=4)
+
+
+def test_the_stream_runs_on_across_epochs_from_any_position():
+    """A step that draws more than its share (--filter-groups) takes the stream from where it stands."""
+    whole = stream_prompts(10, 0, 30, seed=3)
+    assert whole[:10] == [i for step in range(5) for i in step_prompts(10, step, 2, seed=3)]
+    assert stream_prompts(10, 7, 9, seed=3) == whole[7:16]  # across the first epoch's end
+    assert sorted(whole[10:20]) == list(range(10)) and whole[10:20] != whole[:10]
