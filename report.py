@@ -8,7 +8,7 @@ from pathlib import Path
 PANELS = [
     ("reward", "mean reward of the step's samples",
      [("reward_mean", "each step", ".-"), ("reward_mean/5", "mean of the last 5 steps", "-")], True),
-    ("held-out accuracy", "greedy answers right", [("eval_accuracy", "eval accuracy", "o-")], True),
+    ("held-out accuracy", "greedy answers right", [("eval_accuracy", "greedy", "o-")], True),
     ("judge agreement with the reference check", "fraction of samples",
      [("genrm_agreement_train", "step's samples", ".-"), ("genrm_agreement", "held-out answers", "o-")], True),
     ("throughput", "samples per second", [("samples_per_s", "samples/s", ".-")], False),
@@ -103,7 +103,8 @@ def draw_curves(out: Path, records: list[dict]) -> None:
         for metric, label, style in lines:
             ax.plot(*series(records, metric), style, label=label, markersize=5)
         ax.set_title(title)
-        ax.set_ylabel(ylabel)
+        # beside avg@k the panel's answers are not all greedy ones
+        ax.set_ylabel("answers right" if index == 1 and len(lines) > 1 else ylabel)
         # a reward of several sources may leave [0, 1] (an overlong penalty, coefficients summing past 1)
         values = [0.0, 1.0] + [v for metric, _, _ in lines for v in series(records, metric)[1]]
         ax.set_ylim(*((min(values) - 0.03, max(values) + 0.03) if fraction else (0, None)))
