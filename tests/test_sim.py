@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pipeline
 import planner
 from sim import calibration as C
 from sim.__main__ import simulate
@@ -213,3 +214,23 @@ def test_one_slot_is_idle_only_while_it_shifts_or_reports(cal):
     assert sum(v for k, v in result.slot_seconds.items() if k.endswith("idle")) == pytest.approx(0, abs=1e-9)
     overhead = result.shifts * result.shift_seconds + result.slot_seconds["exchange"]
     assert result.busy_fraction == pytest.approx(1 - overhead / result.seconds)
+
+
+def test_the_pipeline_rule_orders_steps_as_the_loop_did():
+    """pipeline.rollouts against the loop pivot_train.rollout_for_update ran before it called the rule:
+    fill `pending` while it holds fewer than min(K, steps left), then roll out step u + K beside update u,
+    which trains the oldest pending step (at K = 0, the one rolled out beside it)."""
+    for k in range(4):
+        for steps in range(1, 7):
+            pending = []
+            for update in range(steps):
+                fill = []
+                while len(pending) + len(fill) < min(k, steps - update):
+                    fill.append(update + len(pending) + len(fill))
+                ahead, beside = pipeline.rollouts(update, len(pending), k, steps)
+                assert (list(ahead), beside) == (fill, update + k)
+                pending += fill
+                assert (pending.pop(0) if k else beside) == update  # update u trains step u
+                if k and beside < steps:
+                    pending.append(beside)
+            assert pending == []
