@@ -127,7 +127,9 @@ class CostModel:
     """What the event engine asks of a cost model. Subclasses give step_seconds(role, batch, context),
     shift_seconds(src, dst, train_slots, grads), publish_seconds(train_slots), train_per_s(train_slots),
     exchange_seconds(placement, slots) (what a round costs beyond its engines' steps and its shifts: every
-    rank's report to rank 0, rank 0's plan, its orders back) and these figures:"""
+    rank's report to rank 0, rank 0's plan, its orders back), token_seconds(role) (the least slot-seconds
+    an engine step costs per sequence it decodes and per token of context it holds, whatever its batch,
+    within its room: what the work bound charges) and these figures:"""
     slot_gpus: int
     min_train_slots: int
     prefill_per_s: dict[str, float]  # per engine role, tokens per second per slot
@@ -197,15 +199,28 @@ class GpuModel(CostModel):
     def train_per_s(self, train_slots: int) -> float:
         return self.train_rate
 
-    def step_seconds(self, role: str, batch: int, context: float) -> float:
-        """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them.
-        An MoE layer reads only the experts its tokens route to: 1 - (1 - k/E)^b of them, uniform routing."""
-        n = self.instances[role]
-        b, ctx = math.ceil(batch / n), context / n
+    def weight_read_bytes(self, role: str, batch: int) -> float:
+        """The bytes of weights one instance's engine step reads with `batch` sequences: an MoE layer
+        reads only the experts its tokens route to, 1 - (1 - k/E)^b of them, uniform routing."""
         experts, k = self.m(role, "experts"), self.m(role, "experts_per_token")
         expert = self.m(role, "expert_params")
-        touched = 1 - (1 - k / experts) ** b
-        read = self.wbytes * (self.m(role, "params") - expert + expert * touched) + self.kv_per_token[role] * ctx
+        touched = 1 - (1 - k / experts) ** batch
+        return self.wbytes * (self.m(role, "params") - expert + expert * touched)
+
+    def token_seconds(self, role: str) -> tuple[float, float]:
+        """Memory-bound decode (the step is at least its reads): at the best batch per instance, the
+        weights' read shared by its sequences; and every token of context read once a step."""
+        n, room = self.instances[role], self.max_seqs[role] // self.instances[role]
+        bandwidth = self.tp[role] * self.hbm
+        per_seq = min(self.weight_read_bytes(role, b) / b for b in range(1, room + 1)) / bandwidth / n
+        return per_seq, self.kv_per_token[role] / bandwidth / n
+
+    def step_seconds(self, role: str, batch: int, context: float) -> float:
+        """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them
+        (weight_read_bytes: an MoE layer reads only the experts its tokens route to)."""
+        n = self.instances[role]
+        b, ctx = math.ceil(batch / n), context / n
+        read = self.weight_read_bytes(role, b) + self.kv_per_token[role] * ctx
         memory = read / (self.tp[role] * self.hbm)
         compute = 2 * self.m(role, "active_params") * b / (self.tp[role] * self.flops)
         return max(memory, compute)
@@ -261,6 +276,9 @@ class CpuModel(CostModel):
 
     def step_seconds(self, role: str, batch: int, context: float) -> float:
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
+
+    def token_seconds(self, role: str) -> tuple[float, float]:
+        return self.measured[f"{role}_step_s"] / self.max_seqs[role] + self.measured[f"{role}_per_seq_s"], 0.0
 
     def train_per_s(self, train_slots: int) -> float:
         """Measured for each train group size the runs trained all at once: on gloo, a larger FSDP group

@@ -22,10 +22,12 @@ def cal():
     return C.load()
 
 
-def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules=RoundRules()):
-    model = C.GpuModel(cal, group)
+def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules=RoundRules(), staleness=0,
+        model=None, split=None):
+    model = model or C.GpuModel(cal, group)
     config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
-    sim = Simulation(model, C.gpu_workload(cal, prompts), slots, placement, config=config, rules=rules)
+    sim = Simulation(model, C.gpu_workload(cal, prompts), slots, placement, config=config, rules=rules,
+                     max_staleness=staleness, split=split)
     pushes = []
     push = sim._push
     sim._push = lambda t, *a: (pushes.append((t, sim.now)), push(t, *a))
@@ -109,6 +111,9 @@ class StepModel(C.CostModel):
     def step_seconds(self, role, batch, context):
         return 1.0 if role == "rollout" else self.judge_step_s
 
+    def token_seconds(self, role):
+        return self.step_seconds(role, 1, 0) / self.max_seqs[role], 0.0
+
     def shift_seconds(self, src, dst, train_slots, grads):
         return 0.0
 
@@ -182,16 +187,17 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
             C.CpuModel(cal, {k: v for k, v in measured.items() if k != key})
     model = C.CpuModel(cal, measured)
     assert model.shift_seconds("rollout", "genrm", 4, False) == measured["shift_s"]["rollout->genrm"]  # the runs' own
-    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None)
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
+                              max_staleness=0)
     r = simulate(cal, "cpu", measured["nproc"], args)
-    assert r["placements"]["disaggregated"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
+    assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
     for p in r["placements"].values():
         assert p["samples_per_s"] * sum(p["step_s"]) == pytest.approx(2 * measured["prompts_per_step"]
                                                                       * measured["group_size"])
-    assert r["placements"]["pivot"]["shifts"] > 0 and r["placements"]["colocated"]["shifts"] > 0
+    assert r["placements"]["pivot@0"]["shifts"] > 0 and r["placements"]["colocated@0"]["shifts"] > 0
     # Colocated on the built-in task: a timed first round, then until every engine is empty, for rollout
     # and for the judge; the ranks' report to rank 0 as measured after each.
-    assert r["placements"]["colocated"]["rounds"] == 2 * 4
+    assert r["placements"]["colocated@0"]["rounds"] == 2 * 4
 
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
@@ -216,6 +222,17 @@ def test_one_slot_is_idle_only_while_it_shifts_or_reports(cal):
     assert result.busy_fraction == pytest.approx(1 - overhead / result.seconds)
 
 
+@pytest.mark.parametrize("placement, seconds, shifts, rounds", [("colocated", 361.3819056490347, 48, 8),
+                                                               ("disaggregated", 424.8592124923475, 0, 42),
+                                                               ("pivot", 290.036066972591, 56, 39)])
+def test_at_k0_the_figures_are_those_before_the_pipeline(cal, placement, seconds, shifts, rounds):
+    """What the synchronous simulator gave for these runs before it ran pivot_train.py's pipeline
+    (commit f307166), to the last digit."""
+    sim, result, _ = run(cal, placement)
+    assert (result.seconds, result.shifts, result.rounds) == (seconds, shifts, rounds)
+    assert result.critical_path_s == 205.0381855320795
+
+
 def test_the_pipeline_rule_orders_steps_as_the_loop_did():
     """pipeline.rollouts against the loop pivot_train.rollout_for_update ran before it called the rule:
     fill `pending` while it holds fewer than min(K, steps left), then roll out step u + K beside update u,
@@ -234,3 +251,34 @@ def test_the_pipeline_rule_orders_steps_as_the_loop_did():
                 if k and beside < steps:
                     pending.append(beside)
             assert pending == []
+
+
+@pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
+def test_at_k2_every_step_trains_once_and_never_beyond_the_bound(cal, placement):
+    sim, result, _ = run(cal, placement, staleness=2)
+    # Two timed updates, then the two that roll nothing out; the two fill steps rolled out before any.
+    assert [u for u, _, _ in result.trained] == [0, 1, 2, 3]
+    assert [step for _, step, _ in result.trained] == [0, 1, 2, 3]  # update u trains step u, each once
+    assert [version for _, _, version in result.trained] == [0, 0, 0, 1]  # steps 2 and 3 rolled out beside 0, 1
+    assert all(0 <= u - version <= 2 for u, _, version in result.trained)
+    assert len(result.step_seconds) == 2 and result.samples == 2 * 8 * 16
+
+
+def test_at_k2_the_split_trains_the_earlier_step_while_the_next_rolls_out(cal):
+    """Disaggregated's train slots wait through a synchronous step's rollout and train after its last
+    verdict; at K = 2 they work through the update's groups, an earlier step's, all judged, meanwhile,
+    and little of the update is left after the verdict."""
+    split = {"rollout": 3, "genrm": 2, "train": 3}
+    runs = {k: run(cal, "disaggregated", staleness=k, split=split)[1] for k in (0, 2)}
+    assert runs[2].phases["train_tail"] < runs[0].phases["train_tail"] / 10
+    assert runs[2].seconds < runs[0].seconds
+
+
+@pytest.mark.parametrize("placement, staleness", [("colocated", 0), ("disaggregated", 0), ("disaggregated", 2),
+                                                  ("pivot", 0), ("pivot", 2)])
+def test_no_placement_beats_its_bound(cal, placement, staleness):
+    """The bound (Simulation.run: the work at the best rate per slot, or the critical path over K + 1
+    steps) is below every simulated step."""
+    _, result, _ = run(cal, placement, prompts=4, staleness=staleness)
+    assert result.seconds >= result.bound_s >= result.work_bound_s > 0
+    assert result.bound_s >= result.critical_path_s / (staleness + 1)
