@@ -61,6 +61,8 @@ def main():
     p.add_argument("--gpus", type=int, default=128)
     p.add_argument("--model-group", default="all")
     p.add_argument("--max-staleness", type=int, default=0, metavar="K")
+    p.add_argument("--split", choices=["share", "search"], default="share",
+                   help="disaggregated's split in every case (search: sim/split.py, many runs per case)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -75,7 +77,8 @@ def main():
     for group in groups:
         if group not in base["groups"]:
             raise SystemExit(f"--model-group {group}: calibration.json has {', '.join(base['groups'])} or all")
-    sim_args = argparse.Namespace(calibration="h200", prompts=None, steps=args.steps, seed=args.seed, max_staleness=k)
+    sim_args = argparse.Namespace(calibration="h200", prompts=None, steps=args.steps, seed=args.seed, max_staleness=k,
+                                  search_split=args.split == "search")
     report = {}
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
     print(f"{args.gpus} devices; paper: pivot@2/colocated@0 {clo}-{chi}, "

@@ -2,14 +2,15 @@
 one driven by planner.py, each at pivot_train.py's --max-staleness K (pipeline.py). Every input figure
 comes from sim/calibration.json, with its source.
 
-    python -m sim --gpus 128 --model-group all [--max-staleness K] [--json PATH] [--sweep PNG]
+    python -m sim --gpus 128 --model-group all [--max-staleness K] [--split search] [--json PATH] [--sweep PNG]
     python -m sim --calibration cpu --measured placements.json --gpus 4   (bench/placements.py's figures)
 
 At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper's release launches them
 (examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
 victor-yfzhao/psrl): colocated at 0 (its ranks do every phase in turn, so nothing would overlap),
 disaggregated and pivot at K, and pivot at 0 beside them; the runs at every K are timed over updates
-that roll out the same steps.
+that roll out the same steps. Disaggregated's split is sized to each role's share of the work, or with
+`--split search` is the best fixed split a search over splits finds (sim/split.py).
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ from pathlib import Path
 import planner
 from sim.calibration import CalibrationError, CpuModel, GpuModel, cpu_workload, gpu_workload, load, value
 from sim.engine import RoundRules, Simulation
+from sim.split import best_split, node_unit
 
 # arXiv 2610.16866, 128 GPUs: PivotRL over colocated (at K = 0) and over disaggregated (both at K = 2, as
 # the release's launchers run them)
@@ -74,9 +76,20 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
                          rules=rules, max_staleness=staleness)
         return sim.run(args.steps, skip=largest - staleness)
 
-    out = {}
+    out, searched = {}, None
     for placement, staleness in placements:
-        r = run(placement, staleness, split)
+        if placement == "disaggregated" and args.search_split and split is None:
+            results = {}
+
+            def seconds(candidate: dict) -> float:
+                results[tuple(candidate.values())] = run(placement, staleness, candidate)
+                return results[tuple(candidate.values())].seconds
+
+            unit = node_unit(slots, int(model.gpus_per_node) // model.slot_gpus, model.min_train_slots)
+            chosen, searched = best_split(slots, model.min_train_slots, seconds, unit)
+            r = results[tuple(chosen.values())]
+        else:
+            r = run(placement, staleness, split)
         out[label(placement, staleness)] = {
             "placement": placement, "max_staleness": staleness, "samples_per_s": r.samples_per_s,
             "tokens_per_s": r.tokens / r.seconds, "step_s": r.step_seconds, "shifts": r.shifts,
@@ -96,6 +109,8 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
               f"pivot{k}_over_bound": out[label("pivot", k)]["over_bound"]}
     if label("disaggregated", k) in out:
         report[f"disaggregated{k}_split"] = out[label("disaggregated", k)]["split"]
+    if searched is not None:
+        report["splits_simulated"] = searched
     return report
 
 
@@ -122,6 +137,9 @@ def print_group(group: str, r: dict, paper: bool) -> None:
           f"{r['critical_path_s'] / steps:.1f} s/step; colocated@0 takes {r['colocated0_over_critical_path']:.2f}x "
           f"that. A bound at K (Simulation.run): the step's work at the best rate per device, or the "
           f"critical path spread over K + 1 steps, whichever is longer")
+    if "splits_simulated" in r:
+        print(f"  disaggregated@{k}'s split: the best of {r['splits_simulated']} simulated (sim/split.py): "
+              f"{r[f'disaggregated{k}_split']}")
     ranges = {f"pivot{k}_over_colocated0": PAPER["over_colocated"],
               f"pivot{k}_over_disaggregated{k}": PAPER["over_disaggregated"]}
     for key in dict.fromkeys([f"pivot{k}_over_colocated0", f"pivot{k}_over_disaggregated{k}",
@@ -173,6 +191,9 @@ def main(argv=None):
     p.add_argument("--model-group", default="all", help="a group of calibration.json, or all")
     p.add_argument("--max-staleness", type=int, default=0, metavar="K",
                    help="pivot_train.py's --max-staleness for disaggregated and pivot")
+    p.add_argument("--split", choices=["share", "search"], default="share",
+                   help="disaggregated's split: sized to each role's share of the work, or the best a search "
+                        "over splits finds")
     p.add_argument("--calibration", choices=["h200", "cpu"], default="h200")
     p.add_argument("--measured", help="with --calibration cpu: bench/placements.py's --json output")
     p.add_argument("--calibration-file", default=None, help="another calibration.json")
@@ -182,6 +203,7 @@ def main(argv=None):
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--sweep", metavar="PNG", help="also sweep 8 to 1,024 devices and plot the ratios here")
     args = p.parse_args(argv)
+    args.search_split = args.split == "search"
     if args.max_staleness < 0:
         raise SystemExit(f"--max-staleness {args.max_staleness}: 0 or more")
     try:

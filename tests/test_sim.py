@@ -13,6 +13,7 @@ import planner
 from sim import calibration as C
 from sim.__main__ import simulate
 from sim.engine import RoundRules, Simulation
+from sim.split import best_split, node_unit
 
 BENCH_JSON = Path(__file__).with_name("data") / "placements_cpu.json"
 
@@ -188,7 +189,7 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     model = C.CpuModel(cal, measured)
     assert model.shift_seconds("rollout", "genrm", 4, False) == measured["shift_s"]["rollout->genrm"]  # the runs' own
     args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
-                              max_staleness=0)
+                              max_staleness=0, search_split=False)
     r = simulate(cal, "cpu", measured["nproc"], args)
     assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
     for p in r["placements"].values():
@@ -282,3 +283,19 @@ def test_no_placement_beats_its_bound(cal, placement, staleness):
     _, result, _ = run(cal, placement, prompts=4, staleness=staleness)
     assert result.seconds >= result.bound_s >= result.work_bound_s > 0
     assert result.bound_s >= result.critical_path_s / (staleness + 1)
+
+
+def test_the_split_search_finds_the_best_split(cal):
+    """Against every split of a small case, each simulated alike (disaggregated at K = 2)."""
+    model = C.GpuModel(cal, "dense-8b-32b")
+
+    def seconds(split):
+        return run(cal, "disaggregated", prompts=4, steps=1, staleness=2, model=model, split=split)[1].seconds
+
+    found, simulated = best_split(8, model.min_train_slots, seconds)
+    every = {(r, g, 8 - r - g): seconds({"rollout": r, "genrm": g, "train": 8 - r - g})
+             for r in range(1, 7) for g in range(1, 8 - r) if 8 - r - g >= model.min_train_slots}
+    assert seconds(found) == min(every.values()) and simulated < len(every)
+    assert best_split(16, 1, lambda s: abs(s["train"] - 6) + abs(s["genrm"] - 4), unit=2)[0] == \
+        {"rollout": 6, "genrm": 4, "train": 6}
+    assert node_unit(128, 8, 1) == 8 and node_unit(16, 8, 1) == 4 and node_unit(16, 8, 12) == 2 and node_unit(16, 8, 13) == 1
