@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.__main__ import PAPER, simulate  # noqa: E402
-from sim.calibration import load  # noqa: E402
+from sim.calibration import load, preset  # noqa: E402
 
 
 # name -> (what it asks, {calibration entry ({hw}: the preset's hardware section): factor applied to its value},
@@ -58,9 +58,10 @@ def case_calibration(base: dict, factors: dict) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=["h200", "paper"], default="h200")
     p.add_argument("--gpus", type=int, default=128)
     p.add_argument("--model-group", default="all")
-    p.add_argument("--max-staleness", type=int, default=0, metavar="K")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="K", help="default 0; paper: 2")
     p.add_argument("--split", choices=["share", "search"], default="share",
                    help="disaggregated's split in every case (search: sim/split.py, many runs per case)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
@@ -68,7 +69,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
-    base, hardware, k = load(), "h200", args.max_staleness
+    base = preset(load(), args.preset)
+    hardware = "h20" if args.preset == "paper" else "h200"
+    k = (2 if args.preset == "paper" else 0) if args.max_staleness is None else args.max_staleness
     groups = list(base["groups"]) if args.model_group == "all" else [args.model_group]
     cases = args.cases.split(",")
     for name in cases:
@@ -76,12 +79,12 @@ def main():
             raise SystemExit(f"--cases {name}: pick from {', '.join(CASES)}")
     for group in groups:
         if group not in base["groups"]:
-            raise SystemExit(f"--model-group {group}: calibration.json has {', '.join(base['groups'])} or all")
-    sim_args = argparse.Namespace(calibration="h200", prompts=None, steps=args.steps, seed=args.seed, max_staleness=k,
-                                  search_split=args.split == "search")
+            raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
+    sim_args = argparse.Namespace(calibration="h200", preset=args.preset, prompts=None, steps=args.steps,
+                                  seed=args.seed, max_staleness=k, search_split=args.split == "search")
     report = {}
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
-    print(f"{args.gpus} devices; paper: pivot@2/colocated@0 {clo}-{chi}, "
+    print(f"{args.gpus} devices, {args.preset} preset; paper: pivot@2/colocated@0 {clo}-{chi}, "
           f"pivot@2/disaggregated@2 {dlo}-{dhi}")
     print(f"{'group':<30}{'case':<18}{f'pivot@{k}/coloc@0':>17}{f'/disagg@{k}':>12}{f'/bound':>8}{'coloc idle':>11}"
           f"{'pivot waits':>12}  colocated's step: rollout / judge tail / train tail")
@@ -105,7 +108,8 @@ def main():
                 "pivot_busy_fraction": pivot["busy_fraction"], "pivot_waiting_fraction": waits,
                 "shifts": pivot["shifts"]}
     if args.json:
-        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "max_staleness": k, "cases": report}, indent=2))
+        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "preset": args.preset, "max_staleness": k,
+                                               "cases": report}, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,15 +2,17 @@
 one driven by planner.py, each at pivot_train.py's --max-staleness K (pipeline.py). Every input figure
 comes from sim/calibration.json, with its source.
 
-    python -m sim --gpus 128 --model-group all [--max-staleness K] [--split search] [--json PATH] [--sweep PNG]
+    python -m sim --gpus 128 --model-group all [--max-staleness K] [--json PATH] [--sweep PNG]
+    python -m sim --preset paper [--model-group G] [--json PATH]   (the paper's 128 H20 and its four groups)
     python -m sim --calibration cpu --measured placements.json --gpus 4   (bench/placements.py's figures)
 
 At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper's release launches them
 (examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
 victor-yfzhao/psrl): colocated at 0 (its ranks do every phase in turn, so nothing would overlap),
 disaggregated and pivot at K, and pivot at 0 beside them; the runs at every K are timed over updates
-that roll out the same steps. Disaggregated's split is sized to each role's share of the work, or with
-`--split search` is the best fixed split a search over splits finds (sim/split.py).
+that roll out the same steps. `--preset paper` runs K = 2 and gives disaggregated the best fixed split
+a search over splits finds (sim/split.py); otherwise disaggregated's split is sized to each role's share
+of the work.
 """
 import argparse
 import json
@@ -19,11 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import planner
-from sim.calibration import CalibrationError, CpuModel, GpuModel, cpu_workload, gpu_workload, load, value
+from sim.calibration import (CalibrationError, CpuModel, FittedGpuModel, GpuModel, cpu_workload, gpu_workload,
+                             load, preset, value)
 from sim.engine import RoundRules, Simulation
 from sim.split import best_split, node_unit
 
-# arXiv 2610.16866, 128 GPUs: PivotRL over colocated (at K = 0) and over disaggregated (both at K = 2, as
+# arXiv 2610.16866, 128 H20: PivotRL over colocated (at K = 0) and over disaggregated (both at K = 2, as
 # the release's launchers run them)
 PAPER = {"over_colocated": (1.81, 2.05), "over_disaggregated": (1.50, 1.95)}
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -56,6 +59,8 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
             placements = [(p, s) for p, s in placements if p != "disaggregated"]
         else:  # the split the measured disaggregated runs used
             split = {role: int(n) for role, n in (part.split("=") for part in measured["split"].split(","))}
+    elif args.preset == "paper":
+        model, workload = FittedGpuModel(cal, group), gpu_workload(cal, args.prompts)
     else:
         model, workload = GpuModel(cal, group), gpu_workload(cal, args.prompts)
     rules = replace(rules, **(changes or {}))
@@ -149,6 +154,19 @@ def print_group(group: str, r: dict, paper: bool) -> None:
             print(f"  {key:<28}{r[key]:>6.2f}x" + (f"   paper {lo:.2f}-{hi:.2f}x" if paper and lo else ""))
 
 
+def print_summary(results: dict, k: int) -> None:
+    """The paper's table: each group's ratios beside the paper's ranges (arXiv 2610.16866, 128 H20)."""
+    (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
+    print(f"\n{'group':<30}{f'pivot@{k}/colocated@0':>22}{f'pivot@{k}/disaggregated@{k}':>26}"
+          f"{'pivot@0/colocated@0':>21}{f'pivot@{k}/bound':>15}  disaggregated@{k} split (GPUs)")
+    for group, r in results.items():
+        split = r.get(f"disaggregated{k}_split", {})
+        print(f"{group:<30}{r[f'pivot{k}_over_colocated0']:>8.2f}x (paper {clo:.2f}-{chi:.2f})"
+              f"{r[f'pivot{k}_over_disaggregated{k}']:>12.2f}x (paper {dlo:.2f}-{dhi:.2f})"
+              f"{r['pivot0_over_colocated0']:>20.2f}x{r[f'pivot{k}_over_bound']:>14.2f}x  "
+              + ", ".join(f"{role} {n}" for role, n in split.items()))
+
+
 def sweep(cal: dict, groups: list[str], args) -> dict:
     k, curves = args.max_staleness, {}
     for group in groups:
@@ -187,14 +205,17 @@ def draw(curves: dict, path: str, k: int) -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=["h200", "paper"], default="h200",
+                   help="h200: H200s and the DAPO workload; paper: the paper's 128 H20, its four groups, K = 2")
     p.add_argument("--gpus", type=int, default=128)
-    p.add_argument("--model-group", default="all", help="a group of calibration.json, or all")
-    p.add_argument("--max-staleness", type=int, default=0, metavar="K",
-                   help="pivot_train.py's --max-staleness for disaggregated and pivot")
-    p.add_argument("--split", choices=["share", "search"], default="share",
+    p.add_argument("--model-group", default="all", help="a group of the preset's, or all")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="K",
+                   help="pivot_train.py's --max-staleness for disaggregated and pivot (default 0; paper: 2)")
+    p.add_argument("--split", choices=["share", "search"], default=None,
                    help="disaggregated's split: sized to each role's share of the work, or the best a search "
-                        "over splits finds")
-    p.add_argument("--calibration", choices=["h200", "cpu"], default="h200")
+                        "over splits finds (default share; paper: search)")
+    p.add_argument("--calibration", choices=["h200", "cpu"], default="h200",
+                   help="h200: the preset's public figures; cpu: this code on this machine (--measured)")
     p.add_argument("--measured", help="with --calibration cpu: bench/placements.py's --json output")
     p.add_argument("--calibration-file", default=None, help="another calibration.json")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step instead of the calibrated figure")
@@ -203,11 +224,15 @@ def main(argv=None):
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--sweep", metavar="PNG", help="also sweep 8 to 1,024 devices and plot the ratios here")
     args = p.parse_args(argv)
-    args.search_split = args.split == "search"
+    paper = args.preset == "paper"
+    if paper and args.calibration == "cpu":
+        raise SystemExit("--preset paper is the paper's H20 figures; --calibration cpu replays this machine's")
+    args.max_staleness = (2 if paper else 0) if args.max_staleness is None else args.max_staleness
+    args.search_split = (args.split or ("search" if paper else "share")) == "search"
     if args.max_staleness < 0:
         raise SystemExit(f"--max-staleness {args.max_staleness}: 0 or more")
     try:
-        cal = load(args.calibration_file) if args.calibration_file else load()
+        cal = preset(load(args.calibration_file) if args.calibration_file else load(), args.preset)
     except CalibrationError as e:
         raise SystemExit(str(e))
     if args.calibration == "cpu":
@@ -218,12 +243,15 @@ def main(argv=None):
         groups = list(cal["groups"]) if args.model_group == "all" else [args.model_group]
         for group in groups:
             if group not in cal["groups"]:
-                raise SystemExit(f"--model-group {group}: calibration.json has {', '.join(cal['groups'])} or all")
+                raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(cal['groups'])} "
+                                 f"or all")
     results = {}
     for group in groups:
         results[group] = simulate(cal, group, args.gpus, args)
         print_group(group, results[group], paper=args.calibration == "h200")
-    report = {"gpus": args.gpus, "calibration": args.calibration,
+    if paper:
+        print_summary(results, args.max_staleness)
+    report = {"gpus": args.gpus, "preset": args.preset, "calibration": args.calibration,
               "max_staleness": args.max_staleness, "groups": results,
               "paper": {key: list(v) for key, v in PAPER.items()}}
     if args.sweep:

@@ -189,7 +189,7 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     model = C.CpuModel(cal, measured)
     assert model.shift_seconds("rollout", "genrm", 4, False) == measured["shift_s"]["rollout->genrm"]  # the runs' own
     args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
-                              max_staleness=0, search_split=False)
+                              preset="h200", max_staleness=0, search_split=False)
     r = simulate(cal, "cpu", measured["nproc"], args)
     assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
     for p in r["placements"].values():
@@ -277,10 +277,13 @@ def test_at_k2_the_split_trains_the_earlier_step_while_the_next_rolls_out(cal):
 
 @pytest.mark.parametrize("placement, staleness", [("colocated", 0), ("disaggregated", 0), ("disaggregated", 2),
                                                   ("pivot", 0), ("pivot", 2)])
-def test_no_placement_beats_its_bound(cal, placement, staleness):
+@pytest.mark.parametrize("preset", ["h200", "paper"])
+def test_no_placement_beats_its_bound(cal, placement, staleness, preset):
     """The bound (Simulation.run: the work at the best rate per slot, or the critical path over K + 1
-    steps) is below every simulated step."""
-    _, result, _ = run(cal, placement, prompts=4, staleness=staleness)
+    steps) is below every simulated step, on each preset's cost model."""
+    cal = C.preset(cal, preset)
+    model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b") if preset == "paper" else C.GpuModel(cal, "dense-8b-32b")
+    _, result, _ = run(cal, placement, prompts=4, staleness=staleness, model=model)
     assert result.seconds >= result.bound_s >= result.work_bound_s > 0
     assert result.bound_s >= result.critical_path_s / (staleness + 1)
 
@@ -298,4 +301,44 @@ def test_the_split_search_finds_the_best_split(cal):
     assert seconds(found) == min(every.values()) and simulated < len(every)
     assert best_split(16, 1, lambda s: abs(s["train"] - 6) + abs(s["genrm"] - 4), unit=2)[0] == \
         {"rollout": 6, "genrm": 4, "train": 6}
-    assert node_unit(128, 8, 1) == 8 and node_unit(16, 8, 1) == 4 and node_unit(16, 8, 12) == 2 and node_unit(16, 8, 13) == 1
+    assert [node_unit(128, 8, 1), node_unit(16, 8, 1), node_unit(16, 8, 12), node_unit(16, 8, 13)] == [8, 4, 2, 1]
+
+
+def test_paper_preset_figures_all_have_a_source(cal):
+    paper = C.preset(cal, "paper")
+    for name in ("h20", "workload", "models", "groups"):
+        assert name in cal["paper"] and paper[name] is cal["paper"][name]
+    assert paper["loop"] is cal["loop"] and paper["planner"] is cal["planner"]  # the loop's settings stay
+
+    def leaves(node, where):
+        if isinstance(node, dict) and "value" in node:
+            yield where, node
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                yield from leaves(child, f"{where}.{key}")
+
+    figures = list(leaves(cal["paper"], "paper"))
+    assert len(figures) > 100 and all(f["source"].strip() and f["unit"].strip() for _, f in figures)
+    broken = copy.deepcopy(cal)
+    del broken["paper"]["models"]["qwen2.5-7b"]["decode_kv_s"]["source"]
+    with pytest.raises(C.CalibrationError, match="paper.models.qwen2.5-7b.decode_kv_s: no source"):
+        C.validate(broken)
+    for group in paper["groups"]:
+        C.FittedGpuModel(paper, group)
+
+
+def test_paper_decode_fit_gives_the_steps_the_release_measured(cal):
+    """victor-yfzhao/psrl examples/bench/rollout/exp/summary/fitted_cost_models.json: the steps measured
+    with attention off (so no KV term and no D), at batch 1 and the largest batch measured."""
+    paper = C.preset(cal, "paper")
+    for group, measured in (("qwen25-7b+qwen3-30b-a3b", {1: 5.0845e-3, 64: 8.189e-3}),
+                            ("qwen25-72b+qwen35-122b-a10b", {1: 8.7825e-3, 128: 23.739e-3})):
+        model = C.FittedGpuModel(paper, group)
+        fixed = model.fit["rollout"][4]
+        for batch, seconds in measured.items():
+            n = model.instances["rollout"]
+            assert model.step_seconds("rollout", batch * n, 0.0) - fixed == pytest.approx(seconds, rel=0.03)
+    broken = copy.deepcopy(paper)
+    broken["groups"]["qwen25-7b+qwen3-30b-a3b"]["tp_genrm"]["value"] = 2
+    with pytest.raises(C.CalibrationError, match="fit is at tensor-parallel size 4"):
+        C.FittedGpuModel(broken, "qwen25-7b+qwen3-30b-a3b")
