@@ -76,6 +76,7 @@ import torch.distributed as dist
 import checkpoint
 import export
 import faults
+import pipeline
 import report
 from planner import parse_split
 from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
@@ -610,12 +611,13 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
     `roll_out(step, train_pool)` is `rollout_and_judge` for that step. Returns (the samples rolled out,
     the samples to train, what early training did, the rollout's figures)."""
     fill = {key: 0 for key in FILL_COUNTS} | {"shifts": []}
-    while len(pending) < min(args.max_staleness, args.steps - step):
-        filled, _, generation = roll_out(step + len(pending), None)
+    ahead, beside = pipeline.rollouts(step, len(pending), args.max_staleness, args.steps)
+    for filled_step in ahead:
+        filled, _, generation = roll_out(filled_step, None)
         pending.append(filled)
         fill = {key: fill[key] + generation[key] for key in fill}
     pool = pending.popleft() if args.max_staleness else None
-    samples, early, generation = roll_out(step + args.max_staleness, pool)
+    samples, early, generation = roll_out(beside, pool)
     if pool is not None and samples:
         pending.append(samples)
     generation = {**generation, **{key: fill[key] + generation[key] for key in fill}}

@@ -20,10 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.__main__ import PAPER, simulate  # noqa: E402
-from sim.calibration import load  # noqa: E402
+from sim.calibration import load, preset  # noqa: E402
 
 
-# name -> (what it asks, {calibration entry: factor applied to its value}, {RoundRules field: value})
+# name -> (what it asks, {calibration entry ({hw}: the preset's hardware section): factor applied to its value},
+# {RoundRules field: value})
 CASES = {
     "as calibrated": ("", {}, {}),
     "128 prompts": ("a quarter of the prompts per step: fewer sequences per device, so the tail weighs more",
@@ -33,8 +34,8 @@ CASES = {
     "critiques 8k": ("a judge that reasons at RM-R1's length: 8,192-token critiques",
                      {"workload.max_critique_tokens": 2.0}, {}),
     "free shifts": ("moves and publishing that cost nothing: wake 0 s, host and node links 1,000x faster",
-                    {"h200.engine_wake_s": 0.0, "h200.h2d_bytes_per_s": 1000.0, "h200.d2h_bytes_per_s": 1000.0,
-                     "h200.node_link_bytes_per_s": 1000.0}, {}),
+                    {"{hw}.engine_wake_s": 0.0, "{hw}.h2d_bytes_per_s": 1000.0, "{hw}.d2h_bytes_per_s": 1000.0,
+                     "{hw}.node_link_bytes_per_s": 1000.0}, {}),
     "rounds x16": ("rounds of 400 engine steps' worth of time instead of 25 (pivot_train.py --round-steps 400)",
                    {}, {"steps": 400}),
     "stop at limit": ("a rank past the round's limit stops and waits for the round's end instead of stepping "
@@ -57,14 +58,20 @@ def case_calibration(base: dict, factors: dict) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=["h200", "paper"], default="h200")
     p.add_argument("--gpus", type=int, default=128)
     p.add_argument("--model-group", default="all")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="K", help="default 0; paper: 2")
+    p.add_argument("--split", choices=["share", "search"], default="share",
+                   help="disaggregated's split in every case (search: sim/split.py, many runs per case)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
-    base = load()
+    base = preset(load(), args.preset)
+    hardware = "h20" if args.preset == "paper" else "h200"
+    k = (2 if args.preset == "paper" else 0) if args.max_staleness is None else args.max_staleness
     groups = list(base["groups"]) if args.model_group == "all" else [args.model_group]
     cases = args.cases.split(",")
     for name in cases:
@@ -72,32 +79,37 @@ def main():
             raise SystemExit(f"--cases {name}: pick from {', '.join(CASES)}")
     for group in groups:
         if group not in base["groups"]:
-            raise SystemExit(f"--model-group {group}: calibration.json has {', '.join(base['groups'])} or all")
-    sim_args = argparse.Namespace(calibration="h200", prompts=None, steps=args.steps, seed=args.seed)
+            raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
+    sim_args = argparse.Namespace(calibration="h200", preset=args.preset, prompts=None, steps=args.steps,
+                                  seed=args.seed, max_staleness=k, search_split=args.split == "search")
     report = {}
-    print(f"{args.gpus} devices; paper: pivot/colocated {PAPER['pivot_over_colocated']}, "
-          f"pivot/disaggregated {PAPER['pivot_over_disaggregated']}")
-    print(f"{'group':<20}{'case':<16}{'pivot/coloc':>12}{'pivot/disagg':>13}{'coloc idle':>11}{'pivot waits':>12}"
-          f"  colocated's step: rollout / judge tail / train tail")
+    (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
+    print(f"{args.gpus} devices, {args.preset} preset; paper: pivot@2/colocated@0 {clo}-{chi}, "
+          f"pivot@2/disaggregated@2 {dlo}-{dhi}")
+    print(f"{'group':<30}{'case':<18}{f'pivot@{k}/coloc@0':>17}{f'/disagg@{k}':>12}{f'/bound':>8}{'coloc idle':>11}"
+          f"{'pivot waits':>12}  colocated's step: rollout / judge tail / train tail")
     for group in groups:
         for name in cases:
             asks, factors, changes = CASES[name]
+            factors = {path.format(hw=hardware): factor for path, factor in factors.items()}
             r = simulate(case_calibration(base, factors), group, args.gpus, sim_args, changes)
-            coloc, pivot = r["placements"]["colocated"], r["placements"]["pivot"]
+            coloc, pivot = r["placements"]["colocated@0"], r["placements"][f"pivot@{k}"]
             phases = coloc["phases_s"]
             total = sum(phases.values())
             split = " / ".join(f"{v / total:.0%}" for v in phases.values())
             waits = pivot["slot_seconds"]["waiting"] / sum(pivot["slot_seconds"].values())
-            print(f"{group:<20}{name:<16}{r['pivot_over_colocated']:>11.2f}x{r['pivot_over_disaggregated']:>12.2f}x"
+            ratios = r[f"pivot{k}_over_colocated0"], r[f"pivot{k}_over_disaggregated{k}"], r[f"pivot{k}_over_bound"]
+            print(f"{group:<30}{name:<18}{ratios[0]:>16.2f}x{ratios[1]:>11.2f}x{ratios[2]:>7.2f}x"
                   f"{1 - coloc['busy_fraction']:>11.0%}{waits:>12.0%}  {split}", flush=True)
             report.setdefault(group, {})[name] = {
-                "asks": asks, "pivot_over_colocated": r["pivot_over_colocated"],
-                "pivot_over_disaggregated": r["pivot_over_disaggregated"],
+                "asks": asks, f"pivot{k}_over_colocated0": ratios[0], f"pivot{k}_over_disaggregated{k}": ratios[1],
+                f"pivot{k}_over_bound": ratios[2], "pivot0_over_colocated0": r["pivot0_over_colocated0"],
                 "colocated_idle_fraction": 1 - coloc["busy_fraction"], "colocated_phases_s": phases,
                 "pivot_busy_fraction": pivot["busy_fraction"], "pivot_waiting_fraction": waits,
-                "pivot_over_critical_path": r["pivot_over_critical_path"], "shifts": pivot["shifts"]}
+                "shifts": pivot["shifts"]}
     if args.json:
-        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "cases": report}, indent=2))
+        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "preset": args.preset, "max_staleness": k,
+                                               "cases": report}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,18 @@
-"""Cluster-scale simulation of synchronous GRPO with a GenRM: colocated, disaggregated and pivot placements,
-the pivot one driven by planner.py. Every input figure comes from sim/calibration.json, with its source.
+"""Cluster-scale simulation of GRPO with a GenRM: colocated, disaggregated and pivot placements, the pivot
+one driven by planner.py, each at pivot_train.py's --max-staleness K (pipeline.py). Every input figure
+comes from sim/calibration.json, with its source.
 
-    python -m sim --gpus 128 --model-group all [--json PATH] [--sweep PNG]
+    python -m sim --gpus 128 --model-group all [--max-staleness K] [--json PATH] [--sweep PNG]
+    python -m sim --preset paper [--model-group G] [--json PATH]   (the paper's 128 H20 and its four groups)
     python -m sim --calibration cpu --measured placements.json --gpus 4   (bench/placements.py's figures)
+
+At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper's release launches them
+(examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
+victor-yfzhao/psrl): colocated at 0 (its ranks do every phase in turn, so nothing would overlap),
+disaggregated and pivot at K, and pivot at 0 beside them; the runs at every K are timed over updates
+that roll out the same steps. `--preset paper` runs K = 2 and gives disaggregated the best fixed split
+a search over splits finds (sim/split.py); otherwise disaggregated's split is sized to each role's share
+of the work.
 """
 import argparse
 import json
@@ -11,27 +21,44 @@ from dataclasses import replace
 from pathlib import Path
 
 import planner
-from sim.calibration import CalibrationError, CpuModel, GpuModel, cpu_workload, gpu_workload, load, value
+from sim.calibration import (CalibrationError, CpuModel, FittedGpuModel, GpuModel, cpu_workload, gpu_workload,
+                             load, preset, value)
 from sim.engine import RoundRules, Simulation
+from sim.split import best_split, node_unit
 
-PLACEMENTS = ("colocated", "disaggregated", "pivot")
-PAPER = {"pivot_over_colocated": (1.81, 2.05), "pivot_over_disaggregated": (1.50, 1.95)}  # arXiv 2610.16866, 128 GPUs
+# arXiv 2610.16866, 128 H20: PivotRL over colocated (at K = 0) and over disaggregated (both at K = 2, as
+# the release's launchers run them)
+PAPER = {"over_colocated": (1.81, 2.05), "over_disaggregated": (1.50, 1.95)}
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+def runs(k: int) -> list[tuple[str, int]]:
+    """The (placement, K) each group runs."""
+    if k == 0:
+        return [("colocated", 0), ("disaggregated", 0), ("pivot", 0)]
+    return [("colocated", 0), ("disaggregated", k), ("pivot", 0), ("pivot", k)]
+
+
+def label(placement: str, k: int) -> str:
+    return f"{placement}@{k}"
+
+
 def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None) -> dict:
-    """Every placement of `group` on `gpus` devices; `changes`: RoundRules fields that differ from the
-    loop's rounds (what-if runs)."""
+    """Every placement of `group` on `gpus` devices at its K (`runs`); `changes`: RoundRules fields that
+    differ from the loop's rounds (what-if runs)."""
     rules = RoundRules()
-    placements, split = PLACEMENTS, None
+    k = args.max_staleness
+    placements, split = runs(k), None
     if args.calibration == "cpu":
         measured = json.loads(Path(args.measured).read_text())
         model, workload = CpuModel(cal, measured), cpu_workload(measured)
         rules = replace(rules, steps=int(measured["round_steps"]))  # the runs' --round-steps
         if measured["split"] is None:  # the bench could not place it on its ranks
-            placements = tuple(p for p in PLACEMENTS if p != "disaggregated")
+            placements = [(p, s) for p, s in placements if p != "disaggregated"]
         else:  # the split the measured disaggregated runs used
             split = {role: int(n) for role, n in (part.split("=") for part in measured["split"].split(","))}
+    elif args.preset == "paper":
+        model, workload = FittedGpuModel(cal, group), gpu_workload(cal, args.prompts)
     else:
         model, workload = GpuModel(cal, group), gpu_workload(cal, args.prompts)
     rules = replace(rules, **(changes or {}))
@@ -45,54 +72,101 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     # Pivot trains judged groups early, as pivot_train.py does with one minibatch per step.
     config = planner.PlannerConfig(margin=value(cal, "planner.margin"), dwell=value(cal, "planner.dwell"),
                                    early_train=True, min_train_ranks=model.min_train_slots)
-    out = {}
-    for placement in placements:
-        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=split, rules=rules)
-        r = sim.run(args.steps)
-        critical = r.critical_path_s
-        out[placement] = {"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens / r.seconds,
-                          "step_s": r.step_seconds, "shifts": r.shifts, "mean_shift_s": r.shift_seconds,
-                          "rounds": r.rounds, "busy_fraction": r.busy_fraction, "phases_s": r.phases,
-                          "slot_seconds": r.slot_seconds,
-                          "split": {k: v * model.slot_gpus for k, v in r.split.items()}}
-    pivot = out["pivot"]["samples_per_s"]
-    # The same seed draws the same steps for every placement: one critical path.
-    return {"gpus": gpus, "placements": out, "critical_path_s": critical,
-            "colocated_over_critical_path": sum(out["colocated"]["step_s"]) / critical,
-            "pivot_over_critical_path": sum(out["pivot"]["step_s"]) / critical,
-            "pivot_over_colocated": pivot / out["colocated"]["samples_per_s"],
-            "pivot_over_disaggregated": pivot / out["disaggregated"]["samples_per_s"] if "disaggregated" in out
-            else None}
+    largest = max(s for _, s in placements)
+
+    def run(placement: str, staleness: int, fixed: dict | None = None):
+        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=fixed,
+                         rules=rules, max_staleness=staleness)
+        return sim.run(args.steps, skip=largest - staleness)
+
+    out, searched = {}, None
+    for placement, staleness in placements:
+        if placement == "disaggregated" and args.search_split and split is None:
+            results = {}
+
+            def seconds(candidate: dict) -> float:
+                results[tuple(candidate.values())] = run(placement, staleness, candidate)
+                return results[tuple(candidate.values())].seconds
+
+            unit = node_unit(slots, int(model.gpus_per_node) // model.slot_gpus, model.min_train_slots)
+            chosen, searched = best_split(slots, model.min_train_slots, seconds, unit)
+            r = results[tuple(chosen.values())]
+        else:
+            r = run(placement, staleness, split)
+        out[label(placement, staleness)] = {
+            "placement": placement, "max_staleness": staleness, "samples_per_s": r.samples_per_s,
+            "tokens_per_s": r.tokens / r.seconds, "step_s": r.step_seconds, "shifts": r.shifts,
+            "mean_shift_s": r.shift_seconds, "rounds": r.rounds, "busy_fraction": r.busy_fraction,
+            "phases_s": r.phases, "slot_seconds": r.slot_seconds, "bound_s": r.bound_s,
+            "work_bound_s": r.work_bound_s, "over_bound": r.seconds / r.bound_s,
+            "split": {key: n * model.slot_gpus for key, n in r.split.items()}}
+        critical = r.critical_path_s  # the runs' timed updates roll out the same steps: one critical path
+    rate = lambda name: out[name]["samples_per_s"] if name in out else None  # noqa: E731
+    pivot = rate(label("pivot", k))
+    report = {"gpus": gpus, "max_staleness": k, "placements": out, "critical_path_s": critical,
+              "colocated0_over_critical_path": sum(out["colocated@0"]["step_s"]) / critical,
+              f"pivot{k}_over_colocated0": pivot / rate("colocated@0"),
+              f"pivot{k}_over_disaggregated{k}": pivot / rate(label("disaggregated", k))
+              if label("disaggregated", k) in out else None,
+              "pivot0_over_colocated0": rate("pivot@0") / rate("colocated@0"),
+              f"pivot{k}_over_bound": out[label("pivot", k)]["over_bound"]}
+    if label("disaggregated", k) in out:
+        report[f"disaggregated{k}_split"] = out[label("disaggregated", k)]["split"]
+    if searched is not None:
+        report["splits_simulated"] = searched
+    return report
 
 
 def print_group(group: str, r: dict, paper: bool) -> None:
+    k = r["max_staleness"]
     print(f"\n{group} on {r['gpus']} devices")
-    print(f"  {'placement':<15}{'samples/s':>11}{'tokens/s':>11}{'step s':>9}{'busy':>6}{'shifts':>8}"
-          f"{'mean shift s':>14}{'rounds/step':>13}  roles at start (devices)")
+    print(f"  {'placement@K':<17}{'samples/s':>10}{'tokens/s':>10}{'step s':>8}{'bound s':>9}{'/bound':>7}{'busy':>6}"
+          f"{'shifts':>8}{'mean shift s':>13}{'rounds/step':>12}  roles at start (devices)")
     for name, p in r["placements"].items():
         steps = len(p["step_s"])
-        print(f"  {name:<15}{p['samples_per_s']:>11.2f}{p['tokens_per_s']:>11.0f}{sum(p['step_s']) / steps:>9.1f}"
-              f"{p['busy_fraction']:>6.0%}{p['shifts']:>8}{p['mean_shift_s']:>14.2f}{p['rounds'] / steps:>13.0f}"
-              f"  {p['split']}")
+        print(f"  {name:<17}{p['samples_per_s']:>10.2f}{p['tokens_per_s']:>10.0f}{sum(p['step_s']) / steps:>8.1f}"
+              f"{p['bound_s'] / steps:>9.1f}{p['over_bound']:>7.2f}{p['busy_fraction']:>6.0%}{p['shifts']:>8}"
+              f"{p['mean_shift_s']:>13.2f}{p['rounds'] / steps:>12.0f}  {p['split']}")
     states = list(next(iter(r["placements"].values()))["slot_seconds"])
-    print(f"  {'device-seconds':<14}" + "".join(f"{k:>13}" for k in states))
+    print(f"  {'device-seconds':<17}" + "".join(f"{s:>13}" for s in states))
     for name, p in r["placements"].items():
         total = sum(p["slot_seconds"].values())
-        print(f"  {name:<14}" + "".join(f"{p['slot_seconds'][k] / total:>13.0%}" for k in states))
-    phases = r["placements"]["colocated"]["phases_s"]
+        print(f"  {name:<17}" + "".join(f"{p['slot_seconds'][s] / total:>13.0%}" for s in states))
+    phases = r["placements"]["colocated@0"]["phases_s"]
     total = sum(phases.values())
-    print("  colocated's step: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}" for k, v in phases.items()))
+    print("  colocated's step: " + ", ".join(f"{key.replace('_', ' ')} {v / total:.0%}" for key, v in phases.items()))
+    steps = len(r["placements"]["colocated@0"]["step_s"])
     print(f"  critical path (the slowest sample alone, then the update it waits for, on every device): "
-          f"{r['critical_path_s'] / len(r['placements']['pivot']['step_s']):.1f} s/step; colocated takes "
-          f"{r['colocated_over_critical_path']:.2f}x that (the most any placement can gain over it), pivot "
-          f"{r['pivot_over_critical_path']:.2f}x")
-    for key, (lo, hi) in PAPER.items():
+          f"{r['critical_path_s'] / steps:.1f} s/step; colocated@0 takes {r['colocated0_over_critical_path']:.2f}x "
+          f"that. A bound at K (Simulation.run): the step's work at the best rate per device, or the "
+          f"critical path spread over K + 1 steps, whichever is longer")
+    if "splits_simulated" in r:
+        print(f"  disaggregated@{k}'s split: the best of {r['splits_simulated']} simulated (sim/split.py): "
+              f"{r[f'disaggregated{k}_split']}")
+    ranges = {f"pivot{k}_over_colocated0": PAPER["over_colocated"],
+              f"pivot{k}_over_disaggregated{k}": PAPER["over_disaggregated"]}
+    for key in dict.fromkeys([f"pivot{k}_over_colocated0", f"pivot{k}_over_disaggregated{k}",
+                              "pivot0_over_colocated0", f"pivot{k}_over_bound"]):
         if r[key] is not None:
-            print(f"  {key:<26}{r[key]:>6.2f}x" + (f"   paper {lo:.2f}-{hi:.2f}x (128 GPUs)" if paper else ""))
+            lo, hi = ranges.get(key, (None, None))
+            print(f"  {key:<28}{r[key]:>6.2f}x" + (f"   paper {lo:.2f}-{hi:.2f}x" if paper and lo else ""))
+
+
+def print_summary(results: dict, k: int) -> None:
+    """The paper's table: each group's ratios beside the paper's ranges (arXiv 2610.16866, 128 H20)."""
+    (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
+    print(f"\n{'group':<30}{f'pivot@{k}/colocated@0':>22}{f'pivot@{k}/disaggregated@{k}':>26}"
+          f"{'pivot@0/colocated@0':>21}{f'pivot@{k}/bound':>15}  disaggregated@{k} split (GPUs)")
+    for group, r in results.items():
+        split = r.get(f"disaggregated{k}_split", {})
+        print(f"{group:<30}{r[f'pivot{k}_over_colocated0']:>8.2f}x (paper {clo:.2f}-{chi:.2f})"
+              f"{r[f'pivot{k}_over_disaggregated{k}']:>12.2f}x (paper {dlo:.2f}-{dhi:.2f})"
+              f"{r['pivot0_over_colocated0']:>20.2f}x{r[f'pivot{k}_over_bound']:>14.2f}x  "
+              + ", ".join(f"{role} {n}" for role, n in split.items()))
 
 
 def sweep(cal: dict, groups: list[str], args) -> dict:
-    curves = {}
+    k, curves = args.max_staleness, {}
     for group in groups:
         for gpus in SWEEP_GPUS:
             try:
@@ -100,24 +174,26 @@ def sweep(cal: dict, groups: list[str], args) -> dict:
             except (SystemExit, ValueError) as e:  # too few devices for this group's split or TP
                 print(f"  sweep: {group} at {gpus} devices skipped: {e}", file=sys.stderr)
                 continue
-            curves.setdefault(group, []).append((gpus, r["pivot_over_colocated"], r["pivot_over_disaggregated"]))
-            print(f"  sweep {group:<20}{gpus:>6} devices: pivot/colocated {r['pivot_over_colocated']:.2f}x, "
-                  f"pivot/disaggregated {r['pivot_over_disaggregated']:.2f}x")
+            ratios = r[f"pivot{k}_over_colocated0"], r[f"pivot{k}_over_disaggregated{k}"]
+            curves.setdefault(group, []).append((gpus, *ratios))
+            print(f"  sweep {group:<20}{gpus:>6} devices: pivot@{k}/colocated@0 {ratios[0]:.2f}x, "
+                  f"pivot@{k}/disaggregated@{k} {ratios[1]:.2f}x")
     return curves
 
 
-def draw(curves: dict, path: str) -> None:
+def draw(curves: dict, path: str, k: int) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, col, key in ((axes[0], 1, "pivot_over_colocated"), (axes[1], 2, "pivot_over_disaggregated")):
+    for ax, col, key, title in ((axes[0], 1, "over_colocated", f"pivot@{k} / colocated@0"),
+                                (axes[1], 2, "over_disaggregated", f"pivot@{k} / disaggregated@{k}")):
         for group, rows in curves.items():
             ax.plot([r[0] for r in rows], [r[col] for r in rows], marker="o", label=group)
-        ax.axhspan(*PAPER[key], color="grey", alpha=0.2, label="paper, 128 GPUs")
+        ax.axhspan(*PAPER[key], color="grey", alpha=0.2, label="paper, 128 H20")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("devices")
-        ax.set_title(key.replace("_", " "))
+        ax.set_title(title)
         ax.axhline(1.0, color="black", lw=0.5)
     axes[0].set_ylabel("throughput ratio")
     axes[1].legend(fontsize=8)
@@ -127,19 +203,34 @@ def draw(curves: dict, path: str) -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=["h200", "paper"], default="h200",
+                   help="h200: H200s and the DAPO workload; paper: the paper's 128 H20, its four groups, K = 2")
     p.add_argument("--gpus", type=int, default=128)
-    p.add_argument("--model-group", default="all", help="a group of calibration.json, or all")
-    p.add_argument("--calibration", choices=["h200", "cpu"], default="h200")
+    p.add_argument("--model-group", default="all", help="a group of the preset's, or all")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="K",
+                   help="pivot_train.py's --max-staleness for disaggregated and pivot (default 0; paper: 2)")
+    p.add_argument("--split", choices=["share", "search"], default=None,
+                   help="disaggregated's split: sized to each role's share of the work, or the best a search "
+                        "over splits finds (default share; paper: search)")
+    p.add_argument("--calibration", choices=["h200", "cpu"], default="h200",
+                   help="h200: the preset's public figures; cpu: this code on this machine (--measured)")
     p.add_argument("--measured", help="with --calibration cpu: bench/placements.py's --json output")
     p.add_argument("--calibration-file", default=None, help="another calibration.json")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step instead of the calibrated figure")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="timed updates per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--sweep", metavar="PNG", help="also sweep 8 to 1,024 devices and plot the ratios here")
     args = p.parse_args(argv)
+    paper = args.preset == "paper"
+    if paper and args.calibration == "cpu":
+        raise SystemExit("--preset paper is the paper's H20 figures; --calibration cpu replays this machine's")
+    args.max_staleness = (2 if paper else 0) if args.max_staleness is None else args.max_staleness
+    args.search_split = (args.split or ("search" if paper else "share")) == "search"
+    if args.max_staleness < 0:
+        raise SystemExit(f"--max-staleness {args.max_staleness}: 0 or more")
     try:
-        cal = load(args.calibration_file) if args.calibration_file else load()
+        cal = preset(load(args.calibration_file) if args.calibration_file else load(), args.preset)
     except CalibrationError as e:
         raise SystemExit(str(e))
     if args.calibration == "cpu":
@@ -150,16 +241,20 @@ def main(argv=None):
         groups = list(cal["groups"]) if args.model_group == "all" else [args.model_group]
         for group in groups:
             if group not in cal["groups"]:
-                raise SystemExit(f"--model-group {group}: calibration.json has {', '.join(cal['groups'])} or all")
+                raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(cal['groups'])} "
+                                 f"or all")
     results = {}
     for group in groups:
         results[group] = simulate(cal, group, args.gpus, args)
         print_group(group, results[group], paper=args.calibration == "h200")
-    report = {"gpus": args.gpus, "calibration": args.calibration, "groups": results,
-              "paper": {k: list(v) for k, v in PAPER.items()}}
+    if paper:
+        print_summary(results, args.max_staleness)
+    report = {"gpus": args.gpus, "preset": args.preset, "calibration": args.calibration,
+              "max_staleness": args.max_staleness, "groups": results,
+              "paper": {key: list(v) for key, v in PAPER.items()}}
     if args.sweep:
         report["sweep"] = sweep(cal, groups, args)
-        draw(report["sweep"], args.sweep)
+        draw(report["sweep"], args.sweep, args.max_staleness)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 

@@ -76,6 +76,17 @@ def validate(node, where: str = "") -> None:
                                        f"in models")
 
 
+def preset(cal: dict, name: str) -> dict:
+    """The calibration a preset runs on: the top level (`h200`: H200s, the DAPO workload), or the section
+    `name` over it (`paper`: its workload, models, groups and H20 figures in place of the top level's;
+    the loop's and the planner's settings stay)."""
+    if name == "h200":
+        return cal
+    if name not in cal:
+        raise CalibrationError(f"calibration has no preset {name!r}")
+    return {**cal, **cal[name]}
+
+
 def value(cal: dict, path: str) -> float:
     node = cal
     for key in path.split("."):
@@ -127,7 +138,9 @@ class CostModel:
     """What the event engine asks of a cost model. Subclasses give step_seconds(role, batch, context),
     shift_seconds(src, dst, train_slots, grads), publish_seconds(train_slots), train_per_s(train_slots),
     exchange_seconds(placement, slots) (what a round costs beyond its engines' steps and its shifts: every
-    rank's report to rank 0, rank 0's plan, its orders back) and these figures:"""
+    rank's report to rank 0, rank 0's plan, its orders back), token_seconds(role) (the least slot-seconds
+    an engine step costs per sequence it decodes and per token of context it holds, whatever its batch,
+    within its room: what the work bound charges) and these figures:"""
     slot_gpus: int
     min_train_slots: int
     prefill_per_s: dict[str, float]  # per engine role, tokens per second per slot
@@ -158,6 +171,8 @@ class CostModel:
 
 
 class GpuModel(CostModel):
+    kv_layers = "layers"  # the model figure that counts the layers holding a KV cache
+
     def __init__(self, cal: dict, group: str, hardware: str = "h200"):
         if group not in cal["groups"]:
             raise CalibrationError(f"no model group {group!r}; calibration.json has {', '.join(cal['groups'])}")
@@ -171,8 +186,8 @@ class GpuModel(CostModel):
         self.wbytes, self.kvbytes = hw("weight_bytes_per_param"), hw("kv_bytes_per_value")
         self.m = m
         self.instances = {role: self.slot_gpus // self.tp[role] for role in self.tp}
-        self.kv_per_token = {role: 2 * m(role, "layers") * m(role, "kv_heads") * m(role, "head_dim") * self.kvbytes
-                             for role in self.tp}
+        self.kv_per_token = {role: 2 * m(role, self.kv_layers) * m(role, "kv_heads") * m(role, "head_dim")
+                             * self.kvbytes for role in self.tp}
         policy = m("rollout", "params")
         self.train_rate = self.slot_gpus * hw("train_flops") / (hw("train_flops_per_token_per_param")
                                                                  * m("rollout", "active_params"))
@@ -182,10 +197,11 @@ class GpuModel(CostModel):
         self.max_seqs = {}
         work = gpu_workload(cal)
         for role in self.tp:
-            kv_tokens = (hw("kv_memory_fraction") * hw("memory_bytes") * self.tp[role]
+            fraction, most = self.engine_limits(cal, group, hardware, role)
+            kv_tokens = (fraction * hw("memory_bytes") * self.tp[role]
                          - self.wbytes * m(role, "params")) / self.kv_per_token[role]
             ctx = work.prompt_tokens + work.max_response / 10 + (role == "genrm") * work.max_critique / 10
-            self.max_seqs[role] = self.instances[role] * int(min(hw("max_num_seqs"), kv_tokens // ctx))
+            self.max_seqs[role] = self.instances[role] * int(min(most, kv_tokens // ctx))
         self.prefill_chunk_tokens = int(hw("max_num_batched_tokens"))
         self.h2d, self.d2h, self.link = hw("h2d_bytes_per_s"), hw("d2h_bytes_per_s"), hw("node_link_bytes_per_s")
         self.wake, self.gpus_per_node = hw("engine_wake_s"), hw("gpus_per_node")
@@ -194,18 +210,36 @@ class GpuModel(CostModel):
         self.exchange_fixed, self.exchange_per_rank = loop("exchange_fixed_s"), loop("exchange_per_rank_s")
         self.plan_s, self.grad_bytes = loop("plan_s"), loop("stored_grad_bytes_per_param")
 
+    def engine_limits(self, cal: dict, group: str, hardware: str, role: str) -> tuple[float, int]:
+        """The share of a GPU's memory an engine of `role` takes (weights and KV cache), and the most
+        sequences it runs at once: vLLM's defaults here."""
+        return value(cal, f"{hardware}.kv_memory_fraction"), value(cal, f"{hardware}.max_num_seqs")
+
     def train_per_s(self, train_slots: int) -> float:
         return self.train_rate
 
-    def step_seconds(self, role: str, batch: int, context: float) -> float:
-        """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them.
-        An MoE layer reads only the experts its tokens route to: 1 - (1 - k/E)^b of them, uniform routing."""
-        n = self.instances[role]
-        b, ctx = math.ceil(batch / n), context / n
+    def weight_read_bytes(self, role: str, batch: int) -> float:
+        """The bytes of weights one instance's engine step reads with `batch` sequences: an MoE layer
+        reads only the experts its tokens route to, 1 - (1 - k/E)^b of them, uniform routing."""
         experts, k = self.m(role, "experts"), self.m(role, "experts_per_token")
         expert = self.m(role, "expert_params")
-        touched = 1 - (1 - k / experts) ** b
-        read = self.wbytes * (self.m(role, "params") - expert + expert * touched) + self.kv_per_token[role] * ctx
+        touched = 1 - (1 - k / experts) ** batch
+        return self.wbytes * (self.m(role, "params") - expert + expert * touched)
+
+    def token_seconds(self, role: str) -> tuple[float, float]:
+        """Memory-bound decode (the step is at least its reads): at the best batch per instance, the
+        weights' read shared by its sequences; and every token of context read once a step."""
+        n, room = self.instances[role], self.max_seqs[role] // self.instances[role]
+        bandwidth = self.tp[role] * self.hbm
+        per_seq = min(self.weight_read_bytes(role, b) / b for b in range(1, room + 1)) / bandwidth / n
+        return per_seq, self.kv_per_token[role] / bandwidth / n
+
+    def step_seconds(self, role: str, batch: int, context: float) -> float:
+        """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them
+        (weight_read_bytes: an MoE layer reads only the experts its tokens route to)."""
+        n = self.instances[role]
+        b, ctx = math.ceil(batch / n), context / n
+        read = self.weight_read_bytes(role, b) + self.kv_per_token[role] * ctx
         memory = read / (self.tp[role] * self.hbm)
         compute = 2 * self.m(role, "active_params") * b / (self.tp[role] * self.flops)
         return max(memory, compute)
@@ -238,6 +272,51 @@ class GpuModel(CostModel):
         return self.wbytes * params / gpus / self.d2h + (self.wbytes * params / self.link if nodes > 1 else 0.0)
 
 
+class FittedGpuModel(GpuModel):
+    """One model group of the paper's preset (`preset(cal, "paper")`) on H20s: GpuModel's memory, prefill,
+    training and shifts, with each engine's decode step as the paper's release fitted it on H20 for that
+    model at the group's tensor-parallel size (models.<m>.decode_*): per instance, seconds =
+    A x KV tokens + max(B, b + C x running) + D. The release's planner reads the fit without b; the
+    batches it was fitted on need it (8.19 ms at 64 sequences for Qwen2.5-7B, where max(B, C x 64) gives
+    5.14). KV memory counts the layers with attention (a hybrid model's linear-attention layers keep a
+    fixed state per sequence, which is left out)."""
+    kv_layers = "attention_layers"
+
+    def __init__(self, cal: dict, group: str):
+        super().__init__(cal, group, hardware="h20")
+        for role, tp in self.tp.items():
+            fitted = int(self.m(role, "decode_tp"))
+            if fitted != tp:
+                raise CalibrationError(f"groups.{group}.tp_{role} is {tp} but its model's decode fit is at "
+                                       f"tensor-parallel size {fitted}")
+        self.fit = {role: tuple(self.m(role, f"decode_{key}") for key in ("kv_s", "floor_s", "intercept_s",
+                                                                         "per_seq_s", "fixed_s"))
+                    for role in self.tp}
+
+    def engine_limits(self, cal: dict, group: str, hardware: str, role: str) -> tuple[float, int]:
+        """As the group's launcher sets them; a judge instance also takes at most the router's
+        concurrent requests."""
+        most = value(cal, f"groups.{group}.max_seqs_{role}")
+        if role == "genrm":
+            most = min(most, value(cal, f"{hardware}.genrm_router_requests"))
+        return value(cal, f"groups.{group}.memory_fraction_{role}"), most
+
+    def step_seconds(self, role: str, batch: int, context: float) -> float:
+        """One engine step of a slot's instances, `batch` sequences spread evenly over them: the busiest
+        holds ceil(batch / instances) of them and their share of the `context` tokens."""
+        a, floor, intercept, per_seq, fixed = self.fit[role]
+        b = math.ceil(batch / self.instances[role])
+        ctx = context * b / batch if batch else 0.0
+        return a * ctx + max(floor, intercept + per_seq * b) + fixed
+
+    def token_seconds(self, role: str) -> tuple[float, float]:
+        """The fit at the best batch an instance holds, and its A per token of context."""
+        a, floor, intercept, per_seq, fixed = self.fit[role]
+        n, room = self.instances[role], self.max_seqs[role] // self.instances[role]
+        per_seq_s = min((max(floor, intercept + per_seq * b) + fixed) / b for b in range(1, room + 1))
+        return per_seq_s / n, a / n
+
+
 class CpuModel(CostModel):
     """This code on this machine, one rank per slot, from bench/placements.py's JSON (keys in CPU_MEASURED;
     its figures are uncontended: measured / max(1, ranks working / cores), the law applied here)."""
@@ -261,6 +340,9 @@ class CpuModel(CostModel):
 
     def step_seconds(self, role: str, batch: int, context: float) -> float:
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
+
+    def token_seconds(self, role: str) -> tuple[float, float]:
+        return self.measured[f"{role}_step_s"] / self.max_seqs[role] + self.measured[f"{role}_per_seq_s"], 0.0
 
     def train_per_s(self, train_slots: int) -> float:
         """Measured for each train group size the runs trained all at once: on gloo, a larger FSDP group

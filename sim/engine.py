@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+import pipeline
 import planner
 from roles import ENGINE_ROLES, ROLES
 from shifting import book
@@ -112,8 +113,11 @@ class Result:
     split: dict[str, int]
     slot_seconds: dict[str, float]  # by state (STATES); sums to slots x seconds
     phases: dict[str, float]  # summed over steps: until the last response, then the last verdict, then the end
-    critical_path_s: float  # summed over steps: what no placement can beat (Simulation._critical_path)
+    critical_path_s: float  # summed over steps: the slowest sample's chain (Simulation._critical_path)
     rounds: int  # rounds in which a slot worked, as pivot_train.py counts them
+    bound_s: float  # summed over steps: what no placement can beat at this K (Simulation.run)
+    work_bound_s: float  # summed over steps: the work at the best rate per slot (Simulation._work_bound)
+    trained: list[tuple[int, int, int]]  # every update of the run, timed or not: (update, step trained, its version)
 
     @property
     def busy_fraction(self) -> float:
@@ -128,9 +132,11 @@ class Result:
 
 class Step:
     """One step's samples: lengths drawn, and how far each has got. Phases, as rank 0 knows them:
-    0 queued for rollout, 1 rolling out, 2 queued for the judge, 3 being judged, 4 judged."""
+    0 queued for rollout, 1 rolling out, 2 queued for the judge, 3 being judged, 4 judged. `version`:
+    the updates made when it rolled out (the weights that sample it)."""
 
-    def __init__(self, workload: Workload, rng: np.random.Generator):
+    def __init__(self, workload: Workload, rng: np.random.Generator, index: int = 0, version: int = 0):
+        self.index, self.version = index, version
         self.length, self.critique = workload.draw(rng)
         self.n, self.group_size, self.prompt = len(self.length), workload.group_size, workload.prompt_tokens
         self.judge_template = workload.judge_template_tokens
@@ -146,6 +152,15 @@ class Step:
 
     def tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
+
+    def judge_all(self) -> None:
+        """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
+        change nothing that follows them."""
+        self.gen[:], self.cgen[:], self.phase[:] = self.length, self.critique, 4
+        self.generated = self.judged = self.n
+        self.group_left[:] = 0
+        self.queue["rollout"].clear()
+        self.train_ready = float(self.tokens(slice(None)).sum())
 
     def median_step_s(self, default: float) -> float:
         """The median of the last book.RECENT_STEPS engine steps, as StepQueues.timed_round measures it."""
@@ -169,9 +184,11 @@ class Step:
 class Simulation:
     def __init__(self, model: CostModel, workload: Workload, slots: int, placement: str, *, seed: int = 0,
                  config: planner.PlannerConfig | None = None, rules: RoundRules = RoundRules(),
-                 prior_steps: int = 1, split: dict[str, int] | None = None):
-        """`split`: disaggregated's slots per role; by default sized to each role's share of the work."""
+                 prior_steps: int = 1, split: dict[str, int] | None = None, max_staleness: int = 0):
+        """`split`: disaggregated's slots per role; by default sized to each role's share of the work.
+        `max_staleness`: pivot_train.py's --max-staleness K (pipeline.py)."""
         self.model, self.workload, self.placement = model, workload, placement
+        self.max_staleness = max_staleness
         self.rng = np.random.default_rng(seed)
         self.config, self.rules = config, rules
         self.speeds = model.planner_speeds(workload, slots)
@@ -203,39 +220,77 @@ class Simulation:
 
     # -- the run ------------------------------------------------------------------------------------
 
-    def run(self, steps: int) -> Result:
-        step_seconds, samples, tokens, critical = [], 0, 0, 0.0
-        for _ in range(steps):
-            start = self.now
-            step = Step(self.workload, self.rng)
-            critical += self._critical_path(step)
-            self._step(step)
-            if len(step_seconds) == steps - 1:  # the last step ends with the new policy loaded everywhere
+    def run(self, steps: int, skip: int = 0) -> Result:
+        """`skip` updates, then `steps` timed ones, as pivot_train.py orders them (pipeline.rollouts):
+        each timed from the start of the rollout beside it to its new weights loaded everywhere. At K > 0
+        the run first rolls out and judges the pipeline's K fill steps and ends with the K updates that
+        roll nothing out; neither is timed, so each timed update trains one step while another rolls
+        out. Runs at several K skip so that their timed updates roll out the same steps (at K = 0 and
+        K = 2, skip 2 and 0: steps 2 and 3 for two timed updates)."""
+        k, last = self.max_staleness, skip + steps + self.max_staleness
+        step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
+        pending, trained, result = deque(), [], None
+        for update in range(last):
+            ahead, beside = pipeline.rollouts(update, len(pending), k, last)
+            for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
+                pending.append(Step(self.workload, self.rng, index, version=0))
+                if self.placement == "disaggregated":  # a fixed split's fill ends as it began, every slot idle
+                    pending[-1].judge_all()
+                else:
+                    self._step(pending[-1], None)
+            if update == skip:
+                self._start_clock()
+            rolled = Step(self.workload, self.rng, beside, version=update) if beside < last else None
+            update_step = pending.popleft() if k else rolled
+            timed, start = skip <= update < skip + steps, self.now
+            if timed:
+                path, least = self._critical_path(rolled), self._work_bound(rolled, update_step)
+                critical, work, bound = critical + path, work + least, bound + max(least, path / (k + 1))
+            self._step(rolled, update_step)
+            assert update_step.train_done == update_step.train_ready == float(update_step.tokens(slice(None)).sum())
+            trained.append((update, update_step.index, update_step.version))
+            if k and rolled is not None:
+                pending.append(rolled)
+            if rolled is None:  # the pipeline's drain
+                continue
+            assert rolled.generated == rolled.judged == rolled.n
+            self.lengths = planner.LengthEstimate(rolled.length, self.workload.max_response)
+            self.critiques = planner.LengthEstimate(rolled.critique, self.workload.max_critique)
+            if not timed:
+                continue
+            if update == skip + steps - 1:  # the last step ends with the new policy loaded everywhere
                 self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
-            assert step.generated == step.judged == step.n and step.train_done == step.train_ready
             step_seconds.append(self.now - start)
             self.phases["rollout"] += self.rollout_end - start
             self.phases["judge_tail"] += self.judge_end - self.rollout_end
             self.phases["train_tail"] += self.now - self.judge_end
-            samples += step.n
-            tokens += int(step.length.sum())
-            self.lengths = planner.LengthEstimate(step.length, self.workload.max_response)
-            self.critiques = planner.LengthEstimate(step.critique, self.workload.max_critique)
-        return Result(self.placement, len(self.slots), self.now, samples, tokens, self.shifts,
-                      self.shift_seconds / max(self.shifts, 1), step_seconds, dict(self.split),
-                      dict(self.slot_s), dict(self.phases), critical, self.rounds)
+            samples += update_step.n
+            tokens += int(update_step.length.sum())
+            if update == skip + steps - 1:
+                result = Result(self.placement, len(self.slots), self.now - self.origin, samples, tokens,
+                                self.shifts, self.shift_seconds / max(self.shifts, 1), step_seconds,
+                                dict(self.split), dict(self.slot_s), dict(self.phases), critical, self.rounds,
+                                bound, work, trained)
+        return result
 
-    def _step(self, step: Step) -> None:
-        """Rounds until rank 0 hears the last verdict, then the update."""
-        self.step, self.rollout_end = step, None
-        while True:
+    def _start_clock(self) -> None:
+        """What the timed updates take is counted from now: the pipeline's fill is left out."""
+        self.origin, self.shifts, self.shift_seconds, self.rounds = self.now, 0, 0.0, 0
+        self.slot_s = dict.fromkeys(STATES, 0.0)
+
+    def _step(self, step: Step | None, update: Step | None) -> None:
+        """Rounds until rank 0 hears `step`'s last verdict, the train slots working through `update`'s
+        groups early where the placement trains early, then the rest of `update`. At K = 0 the two are
+        one step; a fill step has no update, a drain update no step."""
+        self.step, self.update, self.rollout_end = step, update, None
+        while step is not None:
             self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
             if step.judged == step.n:
                 break
             roles, rnd = self._orders()
-            self._apply(roles, grads=step.train_done > 0)
+            self._apply(roles, grads=self._grads())
             self._dispatch()
             self._hand_to_train()
             if self._round(rnd):
@@ -246,7 +301,12 @@ class Simulation:
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
         self.judge_end = self.now
-        self._finish(step)
+        if update is not None:
+            self._finish(update)
+
+    def _grads(self) -> bool:
+        """Whether the train slots hold gradients accumulated early, which a change of group carries."""
+        return self.update is not None and self.update.train_done > 0
 
     def _orders(self) -> tuple[list[str], Round]:
         """Rank 0's plan: every slot's role from now on, and how long the round lasts."""
@@ -302,9 +362,9 @@ class Simulation:
         they did not reach are handed out again."""
         trainers = sum(s.role == "train" for s in self.slots)
         ready = all(s.ready_at <= self.now for s in self.slots if s.role == "train")  # the group trains together
-        if not (self.config and self.config.early_train and self.placement == "pivot" and trainers and ready):
+        if not (self._early_train() and trainers and ready):
             return
-        step, g = self.step, self.step.group_size
+        step, g = self.update, self.update.group_size
         rate = trainers * self.model.train_per_s(trainers)
         for group in np.flatnonzero((step.group_left == 0) & ~step.handed):
             tokens = float(step.tokens(slice(group * g, (group + 1) * g)).sum())
@@ -320,10 +380,17 @@ class Simulation:
             end += self.train_groups[kept][2]
             kept += 1
         for group, _, _ in self.train_groups[kept:]:
-            self.step.handed[group] = False
+            self.update.handed[group] = False
         self.train_groups = self.train_groups[:kept]
         self.train_left = max(0.0, end - done)
         self._retime(None)
+
+    def _early_train(self) -> bool:
+        """Whether train slots work through the update's judged groups while the step rolls out and
+        judges, as pivot_train.py's Placement.early_train says: pivot, and at K > 0 (the groups are an
+        earlier step's) disaggregated's fixed train slots too; a fill step has no update."""
+        overlaps = self.placement == "pivot" or self.placement == "disaggregated" and self.max_staleness > 0
+        return self.update is not None and self.config is not None and self.config.early_train and overlaps
 
     def _all_arrived(self) -> bool:
         return all(s.arrived for s in self.slots) and (self.train_left == 0 or self.train_arrived)
@@ -362,7 +429,8 @@ class Simulation:
                 self._cut_training()
             elif index >= 0 and version == self.slots[index].version:
                 self._touch(self.slots[index])
-        self.step.train_done += sum(tokens for _, tokens, _ in self.train_groups)
+        if self.train_groups:
+            self.update.train_done += sum(tokens for _, tokens, _ in self.train_groups)
         self.train_groups = []
         return trained or any(s.stepped for s in self.slots)
 
@@ -395,8 +463,8 @@ class Simulation:
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
-        """The rest of the update (colocated, pivot: on every slot; disaggregated: its train slots, which
-        do not train early), publishing, the rollout engines' reload."""
+        """The rest of `step`'s update (colocated, pivot: on every slot; disaggregated: its train slots),
+        publishing, the rollout engines' reload."""
         everyone = self.placement != "disaggregated"
         if everyone:  # the update waits for its whole group
             self._apply(["train"] * len(self.slots), grads=step.train_done > 0)
@@ -439,6 +507,24 @@ class Simulation:
                    + float(step.tokens(slice(i // g * g, i // g * g + g) if early else slice(None)).sum())
                    / (n * m.train_per_s(n))
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
+
+    def _work_bound(self, step: Step, update: Step) -> float:
+        """A lower bound on the update's seconds from its work alone: `step`'s decoding, judging and
+        prefill and `update`'s training, each at the least slot-seconds the cost model allows per token
+        (CostModel.token_seconds: the best batch, and each decode step's context as it grows token by
+        token), spread evenly over every slot (over the cores, where slots share fewer), with no shift,
+        exchange, idling or publishing."""
+        m, judge_prompt = self.model, step.prompt + step.judge_template
+        slots = min(len(self.slots), m.cores or len(self.slots))
+        seconds = 0.0
+        for role, prompts, lengths in (("rollout", np.full(step.n, step.prompt), step.length),
+                                       ("genrm", judge_prompt + step.length, step.critique)):
+            per_token, per_context = m.token_seconds(role)
+            prompts, lengths = prompts.astype(np.float64), lengths.astype(np.float64)
+            context = float((lengths * prompts + lengths * (lengths - 1) / 2).sum())
+            seconds += per_token * lengths.sum() + per_context * context + prompts.sum() / m.prefill_per_s[role]
+        train = max(m.train_per_s(n) for n in range(m.min_train_slots, len(self.slots) + 1))
+        return (seconds + float(update.tokens(slice(None)).sum()) / train) / slots
 
     # -- engines ------------------------------------------------------------------------------------
 
@@ -615,7 +701,11 @@ class Simulation:
         slot.ready_at = max(slot.ready_at, self.now) + seconds
 
     def _work(self) -> planner.Work:
+        """What rank 0 tells the planner (LoopPlanner.work): with a train pool (K > 0) the update's groups
+        are an earlier step's, all judged; otherwise this step's, as each is judged (so in a fill step
+        too, though nothing trains them)."""
         step, w = self.step, self.workload
+        pool = self.update or step
         rolling = np.flatnonzero(step.phase <= 1)
         judging = np.flatnonzero(step.phase == 3)
         waiting = len(step.queue["genrm"])
@@ -632,8 +722,8 @@ class Simulation:
             judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue["genrm"])),
             critique_tokens=self.critiques.mean(),
             judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
-            train_ready=step.train_ready - step.train_done,
-            train_tokens=float(step.tokens(np.arange(step.n)).sum()) - step.train_done)
+            train_ready=pool.train_ready - pool.train_done,
+            train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done)
 
     def _split(self, slots: int) -> dict[str, int]:
         """Disaggregated: slots per role in proportion to each role's slot-seconds of work in a step at

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pipeline
 import planner
 from sim import calibration as C
 from sim.__main__ import simulate
 from sim.engine import RoundRules, Simulation
+from sim.split import best_split, node_unit
 
 BENCH_JSON = Path(__file__).with_name("data") / "placements_cpu.json"
 
@@ -21,10 +23,12 @@ def cal():
     return C.load()
 
 
-def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules=RoundRules()):
-    model = C.GpuModel(cal, group)
+def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules=RoundRules(), staleness=0,
+        model=None, split=None):
+    model = model or C.GpuModel(cal, group)
     config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
-    sim = Simulation(model, C.gpu_workload(cal, prompts), slots, placement, config=config, rules=rules)
+    sim = Simulation(model, C.gpu_workload(cal, prompts), slots, placement, config=config, rules=rules,
+                     max_staleness=staleness, split=split)
     pushes = []
     push = sim._push
     sim._push = lambda t, *a: (pushes.append((t, sim.now)), push(t, *a))
@@ -108,6 +112,9 @@ class StepModel(C.CostModel):
     def step_seconds(self, role, batch, context):
         return 1.0 if role == "rollout" else self.judge_step_s
 
+    def token_seconds(self, role):
+        return self.step_seconds(role, 1, 0) / self.max_seqs[role], 0.0
+
     def shift_seconds(self, src, dst, train_slots, grads):
         return 0.0
 
@@ -181,16 +188,17 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
             C.CpuModel(cal, {k: v for k, v in measured.items() if k != key})
     model = C.CpuModel(cal, measured)
     assert model.shift_seconds("rollout", "genrm", 4, False) == measured["shift_s"]["rollout->genrm"]  # the runs' own
-    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None)
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
+                              preset="h200", max_staleness=0, search_split=False)
     r = simulate(cal, "cpu", measured["nproc"], args)
-    assert r["placements"]["disaggregated"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
+    assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
     for p in r["placements"].values():
         assert p["samples_per_s"] * sum(p["step_s"]) == pytest.approx(2 * measured["prompts_per_step"]
                                                                       * measured["group_size"])
-    assert r["placements"]["pivot"]["shifts"] > 0 and r["placements"]["colocated"]["shifts"] > 0
+    assert r["placements"]["pivot@0"]["shifts"] > 0 and r["placements"]["colocated@0"]["shifts"] > 0
     # Colocated on the built-in task: a timed first round, then until every engine is empty, for rollout
     # and for the judge; the ranks' report to rank 0 as measured after each.
-    assert r["placements"]["colocated"]["rounds"] == 2 * 4
+    assert r["placements"]["colocated@0"]["rounds"] == 2 * 4
 
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
@@ -213,3 +221,125 @@ def test_one_slot_is_idle_only_while_it_shifts_or_reports(cal):
     assert sum(v for k, v in result.slot_seconds.items() if k.endswith("idle")) == pytest.approx(0, abs=1e-9)
     overhead = result.shifts * result.shift_seconds + result.slot_seconds["exchange"]
     assert result.busy_fraction == pytest.approx(1 - overhead / result.seconds)
+
+
+@pytest.mark.parametrize("placement, seconds, shifts, rounds", [("colocated", 361.3819056490347, 48, 8),
+                                                               ("disaggregated", 413.5653080388673, 0, 43),
+                                                               ("pivot", 303.7193421041254, 56, 43)])
+def test_at_k0_the_figures_are_those_before_the_pipeline(cal, placement, seconds, shifts, rounds):
+    """What the synchronous simulator gave for these runs before it ran pivot_train.py's pipeline, to the
+    last digit (commit f307166 with the scheduling book's load-evening dispatch and the planner's count of
+    idle engine ranks, which came beside it)."""
+    sim, result, _ = run(cal, placement)
+    assert (result.seconds, result.shifts, result.rounds) == (seconds, shifts, rounds)
+    assert result.critical_path_s == 205.0381855320795
+
+
+def test_the_pipeline_rule_orders_steps_as_the_loop_did():
+    """pipeline.rollouts against the loop pivot_train.rollout_for_update ran before it called the rule:
+    fill `pending` while it holds fewer than min(K, steps left), then roll out step u + K beside update u,
+    which trains the oldest pending step (at K = 0, the one rolled out beside it)."""
+    for k in range(4):
+        for steps in range(1, 7):
+            pending = []
+            for update in range(steps):
+                fill = []
+                while len(pending) + len(fill) < min(k, steps - update):
+                    fill.append(update + len(pending) + len(fill))
+                ahead, beside = pipeline.rollouts(update, len(pending), k, steps)
+                assert (list(ahead), beside) == (fill, update + k)
+                pending += fill
+                assert (pending.pop(0) if k else beside) == update  # update u trains step u
+                if k and beside < steps:
+                    pending.append(beside)
+            assert pending == []
+
+
+@pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
+def test_at_k2_every_step_trains_once_and_never_beyond_the_bound(cal, placement):
+    sim, result, _ = run(cal, placement, staleness=2)
+    # Two timed updates, then the two that roll nothing out; the two fill steps rolled out before any.
+    assert [u for u, _, _ in result.trained] == [0, 1, 2, 3]
+    assert [step for _, step, _ in result.trained] == [0, 1, 2, 3]  # update u trains step u, each once
+    assert [version for _, _, version in result.trained] == [0, 0, 0, 1]  # steps 2 and 3 rolled out beside 0, 1
+    assert all(0 <= u - version <= 2 for u, _, version in result.trained)
+    assert len(result.step_seconds) == 2 and result.samples == 2 * 8 * 16
+
+
+def test_at_k2_the_split_trains_the_earlier_step_while_the_next_rolls_out(cal):
+    """Disaggregated's train slots wait through a synchronous step's rollout and train after its last
+    verdict; at K = 2 they work through the update's groups, an earlier step's, all judged, meanwhile,
+    and little of the update is left after the verdict."""
+    split = {"rollout": 3, "genrm": 2, "train": 3}
+    runs = {k: run(cal, "disaggregated", staleness=k, split=split)[1] for k in (0, 2)}
+    assert runs[2].phases["train_tail"] < runs[0].phases["train_tail"] / 10
+    assert runs[2].seconds < runs[0].seconds
+
+
+@pytest.mark.parametrize("placement, staleness", [("colocated", 0), ("disaggregated", 0), ("disaggregated", 2),
+                                                  ("pivot", 0), ("pivot", 2)])
+@pytest.mark.parametrize("preset", ["h200", "paper"])
+def test_no_placement_beats_its_bound(cal, placement, staleness, preset):
+    """The bound (Simulation.run: the work at the best rate per slot, or the critical path over K + 1
+    steps) is below every simulated step, on each preset's cost model."""
+    cal = C.preset(cal, preset)
+    model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b") if preset == "paper" else C.GpuModel(cal, "dense-8b-32b")
+    _, result, _ = run(cal, placement, prompts=4, staleness=staleness, model=model)
+    assert result.seconds >= result.bound_s >= result.work_bound_s > 0
+    assert result.bound_s >= result.critical_path_s / (staleness + 1)
+
+
+def test_the_split_search_finds_the_best_split(cal):
+    """Against every split of a small case, each simulated alike (disaggregated at K = 2)."""
+    model = C.GpuModel(cal, "dense-8b-32b")
+
+    def seconds(split):
+        return run(cal, "disaggregated", prompts=4, steps=1, staleness=2, model=model, split=split)[1].seconds
+
+    found, simulated = best_split(8, model.min_train_slots, seconds)
+    every = {(r, g, 8 - r - g): seconds({"rollout": r, "genrm": g, "train": 8 - r - g})
+             for r in range(1, 7) for g in range(1, 8 - r) if 8 - r - g >= model.min_train_slots}
+    assert seconds(found) == min(every.values()) and simulated < len(every)
+    assert best_split(16, 1, lambda s: abs(s["train"] - 6) + abs(s["genrm"] - 4), unit=2)[0] == \
+        {"rollout": 6, "genrm": 4, "train": 6}
+    assert [node_unit(128, 8, 1), node_unit(16, 8, 1), node_unit(16, 8, 12), node_unit(16, 8, 13)] == [8, 4, 2, 1]
+
+
+def test_paper_preset_figures_all_have_a_source(cal):
+    paper = C.preset(cal, "paper")
+    for name in ("h20", "workload", "models", "groups"):
+        assert name in cal["paper"] and paper[name] is cal["paper"][name]
+    assert paper["loop"] is cal["loop"] and paper["planner"] is cal["planner"]  # the loop's settings stay
+
+    def leaves(node, where):
+        if isinstance(node, dict) and "value" in node:
+            yield where, node
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                yield from leaves(child, f"{where}.{key}")
+
+    figures = list(leaves(cal["paper"], "paper"))
+    assert len(figures) > 100 and all(f["source"].strip() and f["unit"].strip() for _, f in figures)
+    broken = copy.deepcopy(cal)
+    del broken["paper"]["models"]["qwen2.5-7b"]["decode_kv_s"]["source"]
+    with pytest.raises(C.CalibrationError, match="paper.models.qwen2.5-7b.decode_kv_s: no source"):
+        C.validate(broken)
+    for group in paper["groups"]:
+        C.FittedGpuModel(paper, group)
+
+
+def test_paper_decode_fit_gives_the_steps_the_release_measured(cal):
+    """victor-yfzhao/psrl examples/bench/rollout/exp/summary/fitted_cost_models.json: the steps measured
+    with attention off (so no KV term and no D), at batch 1 and the largest batch measured."""
+    paper = C.preset(cal, "paper")
+    for group, measured in (("qwen25-7b+qwen3-30b-a3b", {1: 5.0845e-3, 64: 8.189e-3}),
+                            ("qwen25-72b+qwen35-122b-a10b", {1: 8.7825e-3, 128: 23.739e-3})):
+        model = C.FittedGpuModel(paper, group)
+        fixed = model.fit["rollout"][4]
+        for batch, seconds in measured.items():
+            n = model.instances["rollout"]
+            assert model.step_seconds("rollout", batch * n, 0.0) - fixed == pytest.approx(seconds, rel=0.03)
+    broken = copy.deepcopy(paper)
+    broken["groups"]["qwen25-7b+qwen3-30b-a3b"]["tp_genrm"]["value"] = 2
+    with pytest.raises(C.CalibrationError, match="fit is at tensor-parallel size 4"):
+        C.FittedGpuModel(broken, "qwen25-7b+qwen3-30b-a3b")
