@@ -466,10 +466,13 @@ class Simulation:
         """The rest of `step`'s update (colocated, pivot: on every slot; disaggregated: its train slots),
         publishing, the rollout engines' reload."""
         everyone = self.placement != "disaggregated"
-        if everyone:  # the update waits for its whole group
+        # An earlier step's groups all trained while the step ran: the train slots made the update then
+        # (pivot_train.py's update_during_rollout), and no slot moves to train for it.
+        made = self.max_staleness > 0 and self._early_train() and step.train_done >= step.train_ready
+        if everyone and not made:  # the update waits for its whole group
             self._apply(["train"] * len(self.slots), grads=step.train_done > 0)
         trainers = [s for s in self.slots if s.role == "train"]
-        left, n = step.train_ready - step.train_done, len(trainers)
+        left, n = step.train_ready - step.train_done, max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.
         end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + self.model.publish_seconds(n)
         self._account(end, state="train")
@@ -701,29 +704,23 @@ class Simulation:
         slot.ready_at = max(slot.ready_at, self.now) + seconds
 
     def _work(self) -> planner.Work:
-        """What rank 0 tells the planner (LoopPlanner.work): with a train pool (K > 0) the update's groups
-        are an earlier step's, all judged; otherwise this step's, as each is judged (so in a fill step
-        too, though nothing trains them)."""
+        """What rank 0 tells the planner, built as LoopPlanner.work builds it (planner.step_work): with a
+        train pool (K > 0) the update's groups are an earlier step's, all judged; otherwise this step's,
+        as each is judged (so in a fill step too, though nothing trains them)."""
         step, w = self.step, self.workload
         pool = self.update or step
         rolling = np.flatnonzero(step.phase <= 1)
-        judging = np.flatnonzero(step.phase == 3)
-        waiting = len(step.queue["genrm"])
-        tokens = self.lengths.remaining(step.gen[rolling]) if len(rolling) else np.zeros(0)
         queued = list(step.queue["rollout"])
-        return planner.Work(
-            rollout_seqs=len(rolling), rollout_tokens=float(tokens.sum()),
-            rollout_longest=self.lengths.longest(int(step.gen[rolling].min())) if len(rolling) else 0.0,
+        return planner.step_work(
+            rolling=step.gen[rolling].tolist(), judging=step.cgen[np.flatnonzero(step.phase == 3)].tolist(),
             rollout_prefill=float(len(queued) * step.prompt + step.gen[queued].sum()),
-            judge_seqs=len(judging) + waiting,
-            judge_tokens=float(self.critiques.remaining(step.cgen[judging]).sum()) + waiting * self.critiques.mean(),
-            judge_longest=self.critiques.longest(int(step.cgen[judging].min()) if len(judging) else 0)
-            if len(judging) or waiting else 0.0,
+            judge_waiting=len(step.queue["genrm"]),
             judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue["genrm"])),
-            critique_tokens=self.critiques.mean(),
             judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
             train_ready=pool.train_ready - pool.train_done,
-            train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done)
+            train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done,
+            update_early=self.update is not None and self.max_staleness > 0,
+            lengths=self.lengths, critiques=self.critiques)
 
     def _split(self, slots: int) -> dict[str, int]:
         """Disaggregated: slots per role in proportion to each role's slot-seconds of work in a step at
