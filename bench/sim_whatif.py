@@ -1,15 +1,17 @@
 """Which of the simulator's assumptions set the pivot ratios at cluster scale: each model group at --gpus,
 as calibrated and with one workload or cost figure changed at a time, side by side.
 
-    python bench/sim_whatif.py [--gpus 128] [--model-group all] [--steps 2] [--json PATH]
+    python bench/sim_whatif.py [--preset h200|paper] [--gpus 128] [--model-group all] [--steps 2] [--json PATH]
 
-For every case it prints pivot/colocated and pivot/disaggregated, the share of colocated's device-seconds
-spent idle (all that moving devices between roles can fill), the share of pivot's spent waiting for
-other devices with work in hand (a round held open, a collective shift), and how colocated's step
-divides: until the last response, then the last verdict, then the end of the update. The changed
+For every case it prints pivot@K/colocated@0, pivot@K/disaggregated@K and pivot@K over its bound, the
+share of colocated's device-seconds spent idle (all that moving devices between roles can fill), the
+share of pivot's spent waiting for other devices with work in hand (a round held open, a collective
+shift), and how colocated's step divides: until the last response, then the last verdict, then the end
+of the update. The changed
 figures are not calibrated: they ask what the ratios would be if the workload or the costs were so.
-The last cases change the loop's rounds instead (sim.engine.RoundRules), back to rules pivot_train.py
-no longer follows: they ask what each of its rules is worth.
+Some cases change the loop's rounds instead (sim.engine.RoundRules), to rules pivot_train.py does not
+follow: they ask what each of its rules is worth. `--preset paper` asks the same of the paper's setup
+(128 H20, K = 2; disaggregated's split sized to each role's work unless `--split search`).
 """
 import argparse
 import copy
@@ -42,6 +44,14 @@ CASES = {
                       "on until every rank has reached it", {}, {"step_on": False}),
     "shifts stall": ("every shift holds every rank until the longest move is done, a move between engine "
                      "roles too", {}, {"shifts_stall_all": True}),
+    "light tails": ("responses and critiques with p99 at 3x the median instead of 10x (same budgets): about what "
+                    "a round that need not wait for its step's slowest samples would see",
+                    {"workload.response_p99_over_median": 0.3, "workload.critique_p99_over_median": 0.3}, {}),
+    "short critiques": ("a judge that writes a fifth of the critique budget (paper: 4,096 tokens, not a "
+                        "thinking judge's 20,480)", {"workload.max_critique_tokens": 0.2}, {}),
+    "train 2x": ("training at twice the utilisation", {"{hw}.train_flops": 2.0}, {}),
+    "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
+                     "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }
 
 

@@ -10,9 +10,9 @@ At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper'
 (examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
 victor-yfzhao/psrl): colocated at 0 (its ranks do every phase in turn, so nothing would overlap),
 disaggregated and pivot at K, and pivot at 0 beside them; the runs at every K are timed over updates
-that roll out the same steps. `--preset paper` runs K = 2 and gives disaggregated the best fixed split
-a search over splits finds (sim/split.py); otherwise disaggregated's split is sized to each role's share
-of the work.
+that roll out the same steps. Disaggregated's split is sized to each role's share of the work, or with
+`--split search` is the best fixed split a search over splits finds (sim/split.py); `--preset paper`
+runs K = 2 and searches.
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""Discrete-event simulation of synchronous GRPO steps with a GenRM on N slots, in three placements:
+"""Discrete-event simulation of GRPO steps with a GenRM on N slots, in three placements:
 
   colocated      every slot rolls out, then every slot judges, then every slot trains
   disaggregated  a fixed split of slots per role, sized to each role's share of the step's work;
@@ -8,7 +8,10 @@
                  queue at the next exchange and resume elsewhere after prefilling prompt + generated;
                  train slots train judged groups while the step runs (early training)
 Each step of every placement ends the same way: the rest of its update runs (colocated and pivot: on
-every slot), the new policy is published to storage, and the rollout engines load it.
+every slot), the new policy is published to storage, and the rollout engines load it. With
+--max-staleness K > 0 the update is an earlier step's (pipeline.py), whose groups are all judged when
+the step starts: disaggregated's train slots, and pivot's where the planner sends them, work through
+them while the step rolls out and judges.
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
@@ -274,7 +277,8 @@ class Simulation:
         return result
 
     def _start_clock(self) -> None:
-        """What the timed updates take is counted from now: the pipeline's fill is left out."""
+        """What the timed updates take is counted from now: the pipeline's fill and the skipped updates
+        are left out."""
         self.origin, self.shifts, self.shift_seconds, self.rounds = self.now, 0, 0.0, 0
         self.slot_s = dict.fromkeys(STATES, 0.0)
 
