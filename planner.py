@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from roles import ROLES
+from roles import ENGINE_ROLES, ROLES
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ def _working(ranks: list[Rank], work: Work) -> dict[str, int]:
     to share the critiques the busy ranks still write, and moving it seem to slow them)."""
     counts = _counts(ranks)
     counts["idle"] = 0
-    for role in ("rollout", "genrm"):
+    for role in ENGINE_ROLES:
         busy = sum(r.role == role and r.in_flight_tokens > 0 for r in ranks)
         if busy and not _can_get_work(role, work):
             counts["idle"] += counts[role] - busy

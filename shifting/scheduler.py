@@ -399,8 +399,8 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
     step's prompts and `rollout`, `genrm` turn finished requests into samples and verdicts;
     `timeline.busy(role)` marks engine and training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
-    `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and the seconds this rank spent prefilling migrated
-    sequences again."""
+    `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
+    the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
     report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
