@@ -9,8 +9,9 @@ the next step. By default synchronous and on-policy: step k's samples come from 
 With --max-staleness K > 0 the update runs K steps behind the rollout: while step k's prompts are rolled
 out and judged (with the weights of update k - K), the train ranks work through the groups of step k - K
 (all judged), so training overlaps rollout and judging, and once through them they make the update
-before the step's last critique (published at the step's end); every sample of update u was sampled by
-weights version u - K (the first K updates: version 0), never older. The clipped ratio against the sampling
+before the step's last critique and publish it at once: the sequences in flight go on under the new
+weights (partial rollout) and step k + 1 begins beside step k's tail (shifting/scheduler.py). Every
+sample of update u began under weights version u - K or newer (the first K updates: version 0). The clipped ratio against the sampling
 logprobs bounds how far the update moves from the weights that sampled them; --rollout-is token|sequence
 instead takes verl's rollout correction: the ratio against pi_old, the logprobs of the weights the update
 starts from, and each token's loss weighted by min(pi_old / pi_rollout, --rollout-is-threshold).
@@ -89,7 +90,7 @@ from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_d
 from shifting.book import ROUND_STEPS
 from shifting.context import RoleContext
 from shifting.placement import Placement
-from shifting.scheduler import StepQueues, generate
+from shifting.scheduler import StepQueues, generate, publish_update
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks import longtail
 from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, stream_prompts
@@ -530,17 +531,26 @@ def main(argv=None):
     # Where the data stream stands: the prompts the steps rolled out so far have drawn.
     position = data_position(resume, start, len(pending), args)
 
-    def prompts(step: int) -> list[dict]:
-        if step >= args.steps:  # the last K updates: nothing left to roll out
+    def prompts(step: int, later: int = 0) -> list[dict]:
+        """Step `step`'s prompts, or (`later` 1) the next step's, which follow them in the data stream."""
+        if step + later >= args.steps:  # the last K updates: nothing left to roll out
             return []
-        return [train_set[i] for i in stream_prompts(len(train_set), position, step_draw(args), args.seed)]
+        first = position + later * step_draw(args)  # --filter-groups, which draws more, is refused at K > 0
+        return [train_set[i] for i in stream_prompts(len(train_set), first, step_draw(args), args.seed)]
+
+    # --max-staleness K > 0: the next step's work that a step began, once its update was published during
+    # it (rank 0 keeps it), and whether the current update's step may begin the next: not when the
+    # update ends in a checkpoint, which holds whole steps, none in flight.
+    carried, run_ahead = None, False
 
     def roll_out(step: int, train_pool: list[Sample] | None):
-        nonlocal position
-        rolled = rollout_and_judge(d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args,
-                                   version=storage.version, train_pool=train_pool, skipped_in_row=skipped_in_row)
-        position += len(rolled[0]) // args.group_size  # every prompt drawn yields G samples
-        return rolled
+        nonlocal position, carried
+        ahead = prompts(step, later=1) if run_ahead and train_pool is not None else None
+        samples, early, generation, carried = rollout_and_judge(
+            d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args, train_pool=train_pool,
+            skipped_in_row=skipped_in_row, ahead=ahead, carried=carried)
+        position += len(samples) // args.group_size  # every prompt drawn yields G samples
+        return samples, early, generation
 
     for step in range(start, args.steps + 1):
         timeline.begin_step(step)
@@ -551,6 +561,7 @@ def main(argv=None):
             log_step(d, out, record, board, args.steps, clock)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
+        run_ahead = args.max_staleness > 0 and not checkpoint_due(step, args)
         samples, trained, early, generation = rollout_for_update(step, pending, roll_out, args)
         record.update(staleness_metrics(trained, step, args.max_staleness))
         shifts = generation.pop("shifts")
@@ -571,7 +582,7 @@ def main(argv=None):
         log_step(d, out, record, board, args.steps, clock)
         log_samples(d, out, step, trained, args)
         skipped_in_row = check_skipped_updates(step, stats, args)
-        if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
+        if checkpoint_due(step, args):
             checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending),
                             data_position=position)
 
@@ -587,6 +598,11 @@ def main(argv=None):
     context = rollout_engine = genrm = None  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed(d)
+
+
+def checkpoint_due(step: int, args) -> bool:
+    """Whether update `step` ends in a checkpoint."""
+    return bool(args.checkpoint_every) and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps)
 
 
 def data_position(resume: dict | None, start: int, pending: int, args) -> int:
@@ -625,39 +641,46 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
 
 
 def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args, *,
-                      version: int, train_pool: list[Sample] | None = None, skipped_in_row: int = 0):
-    """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each marked with
-    the weights' `version` that sampled it, and what the step's rollout and judging took (shifts,
+                      train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
+                      ahead: list[dict] | None = None, carried: StepQueues | None = None):
+    """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
+    weights' versions that sampled its tokens, and what the step's rollout and judging took (shifts,
     migrations, rounds, the judge's first-try parse failures). With a `train_pool` (an earlier step's
     scored samples) the train ranks work through its groups meanwhile (early training), and once through
-    them all make the update (its statistics in the returned `early["update"]`)."""
+    them all make the update (its statistics in the returned `early["update"]`). With `ahead` (the next
+    step's prompts) the update is published as soon as it is made, and the next step begins; `carried`
+    (rank 0): this step's work, begun so by the step before. Returns the samples, `early`, the figures,
+    and (rank 0) the next step's work begun."""
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
+    ahead = ahead if early_train else None
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
                         train_per_s=placement.train_per_s, train_pool=train_pool,
-                        skipped_in_row=skipped_in_row,
+                        skipped_in_row=skipped_in_row, version=context.storage["rollout"].version,
+                        ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
                                          genrm=genrm, capacity=args.max_seqs,
                                          seed=args.seed if args.force_shifts is None else args.force_shifts,
-                                         step=step, timeline=timeline)
+                                         step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
     counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics(),
-               queues.train_per_s) if queues else None]
+               queues.train_per_s, queues.reloaded, len(queues.ahead.samples) if queues.ahead else 0)
+              if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, judged, migrated, engines, placement.train_per_s = counts[0]
-    for s in samples:
-        s.version = version
+    failures, judged, migrated, engines, placement.train_per_s, reloaded, ran_ahead = counts[0]
     # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and the
     # plan: the rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]
-    return samples, early, {"shifts": shifts, "migrated_sequences": migrated,
-                     "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
-                     "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
-                     "genrm_parse_failures": failures, "genrm_requests": judged, **engines}
+    figures = {"shifts": shifts, "migrated_sequences": migrated,
+               "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
+               "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
+               "genrm_parse_failures": failures, "genrm_requests": judged,
+               "reloaded_sequences": reloaded, "ran_ahead_samples": ran_ahead, **engines}
+    return samples, early, figures, queues.ahead if queues else None
 
 
 def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
@@ -667,7 +690,13 @@ def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
     if max(lags) > bound or min(lags) < 0:
         raise SystemExit(f"update {update}: samples of weights versions {sorted(update - lag for lag in lags)} "
                          f"break --max-staleness {bound}")
-    return {"staleness": {str(lag): n for lag, n in sorted(lags.items())}}
+    tokens = collections.Counter()  # response tokens per lag of the weights that sampled each
+    for s in samples:
+        ends = [first for first, _ in s.versions[1:]] + [len(s.response_ids)]
+        for (first, version), end in zip(s.versions, ends):
+            tokens[update - version] += end - first
+    return {"staleness": {str(lag): n for lag, n in sorted(lags.items())},
+            "staleness_tokens": {str(lag): n for lag, n in sorted(tokens.items())}}
 
 
 def to_train(context: RoleContext, placement: Placement) -> list[dict]:
@@ -719,14 +748,11 @@ def check_skipped_updates(step: int, stats: dict, args) -> int:
 
 def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement,
                        version: int) -> list[dict]:
-    """Collective: the train ranks write their rows of the new weights into every node's storage (or, where
-    they made the update during the rollout and have all left the train role since, the training state
-    they saved as they left publishes them); then every rank takes its role for the next step, and the
-    rollout engines load the new version."""
-    if "train" in context.roles:
-        storage.publish_shards([] if context.trainer is None else context.trainer.weight_rows(), version)
-    else:
-        context.train_state.publish_weights(storage, version)
+    """Collective: the new weights go into every node's storage (`publish_update`), unless they went there
+    during the rollout; then every rank takes its role for the next step, and the rollout engines load
+    the new version."""
+    if storage.version < version:  # else the train ranks published it during the rollout (StepQueues.publish)
+        publish_update(context, version)
     return context.apply(placement.start_roles())
 
 
@@ -820,7 +846,8 @@ def forget_after(out: Path, start: int) -> None:
 
 def log_samples(d: Dist, out: Path, step: int, samples: list[Sample], args) -> None:
     """Every response of the step with its critique and reward, for reading what the judge rewards;
-    with --filter-groups, whether the update trained it."""
+    with --filter-groups, whether the update trained it; with --max-staleness, the weights' versions
+    that sampled its tokens."""
     if d.rank != 0:
         return
     with open(out / "samples.jsonl", "a") as f:
@@ -829,7 +856,9 @@ def log_samples(d: Dist, out: Path, step: int, samples: list[Sample], args) -> N
                    "reward": s.reward, "scores": s.scores, "advantage": s.advantage, "reference": s.reference,
                    "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
                    "judge_prompt_tokens": s.judge_prompt_tokens, "critique_tokens": s.critique_tokens}
-            f.write(json.dumps(row | ({"trained": not s.dropped} if args.filter_groups else {})) + "\n")
+            row |= {"trained": not s.dropped} if args.filter_groups else {}
+            row |= {"versions": s.versions} if args.max_staleness else {}  # (first token, version) per stretch
+            f.write(json.dumps(row) + "\n")
 
 
 def data_line(info: dict, args) -> str:

@@ -36,11 +36,15 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     rng_state: torch.Tensor | None = None
     prefill_tokens: int = 0  # tokens prefilled again because the request migrated
+    step: int = 0  # the RL step it belongs to (two steps' requests are in flight when the rollout runs ahead)
+    # The weights' versions that sampled its tokens: (index of the first token, version) per stretch, a
+    # new one each time the sequence went on under newer weights (Engine.add).
+    versions: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def id(self) -> str:
-        """The engine's request id, unique within a step."""
-        return f"{self.role}/{self.key[0]}/{self.key[1]}" + ("/retry" if self.retry else "")
+        """The engine's request id, unique within a run."""
+        return f"{self.role}/{self.step}/{self.key[0]}/{self.key[1]}" + ("/retry" if self.retry else "")
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     prefill_tokens: int = 0
+    versions: list[tuple[int, int]] = field(default_factory=list)  # as Request.versions
 
 
 class Engine:
@@ -108,6 +113,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.completions: dict[str, Completion] = {}
         self.asleep = False  # weights and KV cache discarded by a level-2 sleep
+        self.version = 0  # the version of the weights it holds (RoleContext sets it as it loads one)
         if self.sleep_mode:
             # Asleep until its rank first takes its role (TRL's colocate mode sleeps its engine at once too).
             self.sleep()
@@ -153,10 +159,16 @@ class Engine:
             self.asleep = False
 
     def add(self, requests: list[Request]) -> None:
+        """Starts each request, or resumes it (a migrated one, or one that goes on under newer weights: its
+        tokens from here on are this engine's version's)."""
         for req in requests:
             self.requests[req.id] = req
+            # A stretch that sampled nothing yet (exported before its first step) is this engine's.
+            versions = [v for v in req.versions if v[0] < len(req.generated)]
+            if not versions or versions[-1][1] != self.version:
+                versions.append((len(req.generated), self.version))
             self.completions[req.id] = Completion(list(req.generated), list(req.logprobs),
-                                                  prefill_tokens=req.prefill_tokens)
+                                                  prefill_tokens=req.prefill_tokens, versions=versions)
             params = SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens - len(req.generated),
                                     seed=req.seed, logprobs=0, detokenize=False, ignore_eos=req.ignore_eos,
                                     output_kind=RequestOutputKind.DELTA)
@@ -196,7 +208,8 @@ class Engine:
         for rid, req in self.requests.items():
             done = self.completions[rid]
             exported.append(replace(req, generated=done.token_ids, logprobs=done.logprobs, rng_state=states.get(rid),
-                                    prefill_tokens=done.prefill_tokens + len(req.prompt_ids) + len(done.token_ids)))
+                                    prefill_tokens=done.prefill_tokens + len(req.prompt_ids) + len(done.token_ids),
+                                    versions=done.versions))
         self.vllm.abort_request(list(self.requests))
         self.requests, self.completions = {}, {}
         return exported

@@ -80,9 +80,9 @@ class GenRM:
         budget = longtail_length(self.seed, step, sample.key, CRITIQUE, self.max_tokens) if self.longtail \
             else self.max_tokens
         if not retry:
-            return Request("genrm", sample.key, ids, budget, 0.0, ignore_eos=self.longtail)
+            return Request("genrm", sample.key, ids, budget, 0.0, ignore_eos=self.longtail, step=step)
         return Request("genrm", sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
-                       retry=True, ignore_eos=self.longtail)
+                       retry=True, ignore_eos=self.longtail, step=step)
 
     def verdict(self, request: Request, done: Completion, step: int) -> "Verdict":
         """What the judge's output says of one response; with the retry rule, an unreadable first try
@@ -96,9 +96,9 @@ class GenRM:
         retry = None
         if reward is None and self.on_parse_failure == "retry" and not request.retry:
             retry = replace(request, temperature=1.0, seed=sample_seed(self.seed, step, *request.key), retry=True,
-                            generated=[], logprobs=[], rng_state=None, prefill_tokens=0)
+                            generated=[], logprobs=[], rng_state=None, prefill_tokens=0, versions=[])
         return Verdict(request.key, critique, len(done.token_ids), len(request.prompt_ids), reward or 0.0,
-                       reward is None, not request.retry, done.prefill_tokens, retry, self.recipe)
+                       reward is None, not request.retry, done.prefill_tokens, retry, self.recipe, request.step)
 
     def judge(self, samples, step: int) -> int:
         """Judges samples here, to completion (evaluation); returns the first-try parse failures."""
@@ -131,6 +131,7 @@ class Verdict:
     prefill_tokens: int  # prefilled again because the judge's sequence migrated
     retry: Request | None = None  # the judge tries once more (--on-parse-failure retry)
     recipe: Recipe = Recipe()  # how the verdict and the rule sources make the reward
+    step: int = 0  # the RL step of the sample it judges
 
     def apply(self, sample) -> None:
         """The one place a sample gets its reward: the judge's score with the recipe's rule scores."""

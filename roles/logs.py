@@ -27,7 +27,7 @@ KNOWN_WARNINGS = [
     # name (AutoWeightsLoader skips tied aliases, vllm/model_executor/models/utils.py), so the head's own
     # layer receives nothing on a reload. roles/engine.py's _repack_tied_head then repacks it.
     ("vllm.model_executor.model_loader.reload.layerwise", r"^ParallelLMHead: Failed to load weights$"),
-    # Advice for serving speed on CPU, repeated by every engine of every rank; the README's CPU notes say
+    # Advice for serving speed on CPU, repeated by every engine of every rank; docs/console.md says
     # how to follow it.
     ("vllm.v1.worker.cpu_worker", r"^lib(tcmalloc|iomp) is not found in LD_PRELOAD"),
     # vLLM's own thread-count guard (vllm/utils/torch_utils.py, set_default_torch_num_threads) meeting its

@@ -27,7 +27,9 @@ class Sample:
     prefill_tokens: int = 0  # prefilled again because the sequence migrated
     critique_tokens: int = 0
     judge_prompt_tokens: int = 0  # the judge's prompt: its template filled with the prompt and response
-    version: int = 0  # the policy weights' version that sampled every one of its tokens
+    version: int = 0  # the policy weights' version that sampled its first token: the one its staleness counts
+    # (index of the first token, version) per stretch of tokens that one version sampled (Request.versions)
+    versions: list[tuple[int, int]] = field(default_factory=list)
     pi_old: list[float] | None = None  # rollout correction: logprobs of the weights an update starts from
     dropped: bool = False  # --filter-groups: its group's rewards are all equal, so the update leaves it out
 
@@ -66,14 +68,14 @@ class RolloutEngine:
         def budget(key):
             return longtail_length(seed, step, key, RESPONSE, max_tokens) if longtail else max_tokens
         return [Request("rollout", (i, g), record["prompt_ids"], budget((i, g)), temperature,
-                        sample_seed(seed, step, i, g), ignore_eos=longtail)
+                        sample_seed(seed, step, i, g), ignore_eos=longtail, step=step)
                 for i, record in enumerate(batch) for g in range(group_size)]
 
     def to_sample(self, request: Request, done: Completion, record: dict) -> Sample:
         return Sample(*request.key, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,
                       response=self.tokenizer.decode(done.token_ids, skip_special_tokens=True),
                       reference=record.get("reference"), prompt=record["prompt"], rubric=record.get("rubric"),
-                      prefill_tokens=done.prefill_tokens)
+                      prefill_tokens=done.prefill_tokens, version=done.versions[0][1], versions=done.versions)
 
     def sample(self, prompts: list[tuple[int, list[int]]], k: int, temperature: float, max_tokens: int,
                seed: int) -> list[list[str]]:

@@ -164,7 +164,7 @@ class RoleContext:
     def _load(self, role: str) -> int:
         """The latest published version of `role`'s model into its engine; returns the bytes read."""
         loaded = self.storage[role].load_into(self.engines[role])
-        self.loaded[role] = loaded["version"]
+        self.loaded[role] = self.engines[role].version = loaded["version"]
         return loaded["bytes"]
 
     def _group(self, ranks: list[int]):

@@ -30,7 +30,13 @@ exactly G responses, each judged exactly once, with no generated token lost or r
 
 With --max-staleness K > 0 the groups the train ranks work through are not this step's but those of
 the step K earlier (`train_pool`: generated and judged already, all ready at the step's start), so
-training overlaps rollout and judging; without K they are this step's, as each is judged.
+training overlaps rollout and judging; without K they are this step's, as each is judged. Once the train
+ranks have trained every group of the pool they make the update at the next round's start, and at the
+round after it is published (every rank takes part): each rollout rank exports its sequences in flight,
+loads the new weights and adds them back (a migration to itself: they go on under the new version,
+re-prefilled), and the next step's prompts join the queue (`StepQueues.publish`). The step ends with its
+own last critique; the next step's work begun by then is carried into it (`carry`). Each request keeps
+the versions that sampled its tokens (`Request.versions`).
 
 With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `batch` holds
 every prompt it may draw. The first --prompts-per-step are queued; each group judged whose rewards are all
@@ -141,6 +147,7 @@ class Report:
     trained: dict | None = None
     train_s: float = 0.0
     update: dict | None = None  # the update's statistics, once the train ranks made it in this round
+    reloaded: int = 0  # sequences this rank's engine went on with under weights published at the round's start
     shifts: list[dict] = field(default_factory=list)  # this rank's shift at the round's start, if it made one
     shift_s: float = 0.0  # its seconds (with any collective part: a train group that changed)
     error: str | None = None  # a judge output under --on-parse-failure stop
@@ -160,9 +167,11 @@ class Orders:
     roles: list[str]  # every rank's role from now on (the same on every rank)
     work: list[Request] = field(default_factory=list)  # new requests for this rank
     train: list[list[Sample]] = field(default_factory=list)  # judged groups to train on (every train rank the same)
-    update: dict | None = None  # train ranks: make the update now, over these early sums of all its groups
+    update: dict | None = None  # the train ranks, before any moves: make the update over these early sums
+    publish: int | None = None  # every rank, first: the train ranks publish their update as this version
     rounds: Rounds = Rounds()
     done: bool = False
+    carry: bool = False  # with `done`: every rank exports its engine's requests, the next step's, to rank 0
     error: str | None = None
 
 
@@ -172,10 +181,14 @@ class StepQueues:
 
     def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
                  train_per_s: float = 1e4, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
-                 filter_groups: int | None = None):
+                 filter_groups: int | None = None, version: int = 0, ahead: list[dict] | None = None,
+                 carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
-        `batch` is then every prompt it may draw, admitted as groups are left out. None: all of `batch`."""
-        self.batch, self.step, self.group_size = batch, step, args.group_size
+        `batch` is then every prompt it may draw, admitted as groups are left out. None: all of `batch`.
+        `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
+        step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
+        this step's own work begun so, during the step before (`carry`)."""
+        self.args, self.batch, self.step, self.group_size = args, batch, step, args.group_size
         requests = RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
             max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")
@@ -216,6 +229,55 @@ class StepQueues:
         # skipped in a row before it, which the trainer continues.
         self.update: dict | None = None
         self.skipped_in_row = skipped_in_row
+        # The partial rollout: once the update is made, it is published at the next round's start; the
+        # rollout engines load it there and go on with their sequences under it (re-prefilled), and the
+        # next step's prompts join the queue (sampled by the new weights, they are --max-staleness old at
+        # their own update). What of that step is not done when this one is goes on in the next.
+        self.version, self.ahead_batch, self.published = version, ahead, False
+        self.ahead: StepQueues | None = None
+        self.reloaded = 0  # sequences that went on under the weights published during the step
+        if carried is not None:
+            self._take_over(carried)
+
+    def _take_over(self, carried: "StepQueues") -> None:
+        """This step's work that the step before began (its `ahead`): its samples, verdicts and counts, and
+        its requests not finished, queued or exported from the engines as that step ended."""
+        assert carried.step == self.step and carried.batch == self.batch, "the carried step is not this one"
+        self.queue, self.samples, self.judged = carried.queue, carried.samples, carried.judged
+        self.judge_runs, self.parse_failures, self.migrated = carried.judge_runs, carried.parse_failures, carried.migrated
+
+    def _of(self, step: int) -> "StepQueues":
+        """The queues that keep step `step`'s samples: this step's, or the next step's, begun during it."""
+        if step == self.step:
+            return self
+        assert self.ahead is not None and step == self.ahead.step, f"step {step}'s work during step {self.step}"
+        return self.ahead
+
+    def publish_due(self) -> bool:
+        """Whether to publish the update now, during the step: it is made, and the step may run ahead."""
+        return self.ahead_batch is not None and self.update is not None and not self.published
+
+    def publish(self) -> int:
+        """The update goes out at this round's start: the version published, and the next step's prompts
+        (their requests behind this step's) join the queue."""
+        self.published = True
+        if self.ahead_batch:
+            self.ahead = StepQueues(self.ahead_batch, step=self.step + 1, args=self.args, version=self.version + 1)
+            self.queue["rollout"].extend(self.ahead.queue["rollout"])
+            self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
+        return self.version + 1
+
+    def carry(self, exported: list[Request]) -> "StepQueues | None":
+        """As the step ends: the next step's queues, holding what of it is done and, queued first, the
+        requests the engines exported (every request left belongs to it)."""
+        if self.ahead is None:
+            return None
+        for request in exported:
+            self.queue[request.role].appendleft(request)
+        self.ahead.migrated += len(exported)
+        assert all(r.step == self.ahead.step for queue in self.queue.values() for r in queue), \
+            "a request of the ending step is left"
+        return self.ahead
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
@@ -237,11 +299,13 @@ class StepQueues:
                 # Migrated work goes first: it holds the oldest sequences of the step.
                 self.queue[request.role].appendleft(request)
             for sample, judging in report.responses:
-                assert sample.key not in self.samples, f"sample {sample.key} generated twice"
-                self.samples[sample.key] = sample
+                queues = self._of(judging.step)
+                assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
+                queues.samples[sample.key] = sample
                 self.queue["genrm"].append(judging)
             for verdict in report.verdicts:
-                self._judged(verdict)
+                self._of(verdict.step)._judged(verdict)
+            self.reloaded += report.reloaded
         made = [r.update for r in reports if r.update]
         if made:  # every train rank reports the same statistics
             self.update = {**made[0], "train_tokens_per_s": self.train_per_s}
@@ -304,9 +368,8 @@ class StepQueues:
 
     def update_due(self) -> bool:
         """Whether the train ranks can make the update now: its groups are an earlier step's (a train pool),
-        every one of them is trained into their gradients, and it is not made yet. The new weights are
-        published at the step's end, as at every other step, so which weights sample a token does not
-        depend on when the update was made."""
+        every one of them is trained into their gradients, and it is not made yet. Its weights are
+        published at the next round's start if the step may run ahead (`publish_due`), else at its end."""
         return self.early_train and bool(self.train_pool) and self.update is None and not self.ready_groups()
 
     def train_tokens(self) -> tuple[int, int]:
@@ -329,7 +392,7 @@ class StepQueues:
         if role == "rollout":
             return bool(self.queue["rollout"]) or self.in_flight["rollout"] > 0
         if role == "genrm":
-            return len(self.judged) < self.expected
+            return len(self.judged) < self.expected or (self.ahead is not None and self.ahead.pending("genrm"))
         return False
 
     def done(self) -> bool:
@@ -392,16 +455,19 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
 
 
 def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
-             genrm: GenRM, capacity: int, seed: int, step: int, timeline) -> tuple[list[Sample], dict, list[dict], float]:
+             genrm: GenRM, capacity: int, seed: int, step: int, timeline,
+             ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
-    step's prompts and `rollout`, `genrm` turn finished requests into samples and verdicts;
-    `timeline.busy(role)` marks engine and training work. Returns, on every rank, the step's samples in
+    step's prompts (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
+    `genrm` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
+    training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
     the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
+    batches = {step: batch, step + 1: ahead or []}
     report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
     ending = RoundEnd(d.store, d.world_size, step)
@@ -417,31 +483,43 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             raise SystemExit(orders.error)
         if orders.done:
             break
-        exported, shifted, start = [], [], time.perf_counter()
-        if orders.roles != context.roles:
+        update_s, update = 0.0, None
+        if orders.update is not None:  # this rank trained the update's groups: it makes the update first
+            start = time.perf_counter()
+            with timeline.busy("train"):
+                update = context.trainer.train_step([[]], orders.update, orders.update["skipped_in_row"])
+            update_s = time.perf_counter() - start
+        exported, reloaded, shifted, start = [], [], [], time.perf_counter()
+        if orders.publish is not None:
+            publish_update(context, orders.publish)
+        if orders.roles != context.roles or orders.publish is not None:
             engine = context.engines.get(context.role)
-            if orders.roles[d.rank] != context.role and engine is not None:
+            if engine is not None and orders.roles[d.rank] != context.role:
                 exported = engine.export()
+            elif engine is not None and context.role == "rollout" and orders.publish is not None:
+                reloaded = engine.export()  # they go on here, under the new weights
             shifted = context.apply(orders.roles, gather=False)  # records go to rank 0 in the report
         engine = context.engines.get(context.role)
-        report = Report(context.role, exported=exported, shifts=shifted, shift_s=time.perf_counter() - start)
+        report = Report(context.role, exported=exported, reloaded=len(reloaded), shifts=shifted,
+                        shift_s=time.perf_counter() - start, update=update, train_s=update_s)
         if orders.train:
             start = time.perf_counter()
             report.trained = _train(context.trainer, orders, timeline, ending)
-            report.train_s = time.perf_counter() - start
-        if orders.update is not None:
-            start = time.perf_counter()
-            with timeline.busy("train"):
-                report.update = context.trainer.train_step([[]], orders.update, orders.update["skipped_in_row"])
             report.train_s += time.perf_counter() - start
         if engine is not None:
-            engine.add(orders.work)
+            engine.add(reloaded + orders.work)
             finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
-            _read(report, finished, batch, rollout, genrm, step)
-            (resumed if any(r.generated for r in orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
+            _read(report, finished, batches, rollout, genrm)
+            (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
         elif orders.rounds.seconds is not None:
             ending.arrive()  # nothing to step: this rank waits at the exchange
+    if orders.carry:  # the next step's requests still in flight go back to rank 0, to go on in that step
+        engine = context.engines.get(context.role)
+        left = [None] * d.world_size if d.rank == 0 else None
+        dist.gather_object(engine.export() if engine is not None else [], left, dst=0, group=d.control)
+        if d.rank == 0:
+            queues.carry([request for exported in left for request in exported])
     done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early, "update": queues.update},
              queues.shifts) if d.rank == 0 else None]
     dist.broadcast_object_list(done, src=0, group=d.control)
@@ -449,16 +527,28 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
     return samples, early, shifts, _extra_seconds(resumed, plain)
 
 
-def _read(report: Report, finished: list[tuple[Request, Completion]], batch: list[dict], rollout: RolloutEngine,
-          genrm: GenRM, step: int) -> None:
-    """Finished rollout requests become samples with their judge requests; finished critiques, verdicts."""
+def publish_update(context, version: int) -> None:
+    """Collective: the train ranks write their rows of the update into every node's policy storage, as
+    `version` (or, where they have all left the train role since they made it, the training state they
+    saved as they left does); the rollout engines load it as their ranks next take or keep the role."""
+    storage = context.storage["rollout"]
+    if "train" in context.roles:
+        storage.publish_shards([] if context.trainer is None else context.trainer.weight_rows(), version)
+    else:
+        context.train_state.publish_weights(storage, version)
+
+
+def _read(report: Report, finished: list[tuple[Request, Completion]], batches: dict[int, list[dict]],
+          rollout: RolloutEngine, genrm: GenRM) -> None:
+    """Finished rollout requests become samples with their judge requests; finished critiques, verdicts.
+    `batches`: the prompts of each step whose requests may be in flight."""
     try:
         for request, done in finished:
             if request.role == "rollout":
-                sample = rollout.to_sample(request, done, batch[request.key[0]])
-                report.responses.append((sample, genrm.request(sample, step)))
+                sample = rollout.to_sample(request, done, batches[request.step][request.key[0]])
+                report.responses.append((sample, genrm.request(sample, request.step)))
             else:
-                report.verdicts.append(genrm.verdict(request, done, step))
+                report.verdicts.append(genrm.verdict(request, done, request.step))
     except ParseFailure as e:
         report.error = str(e)
 
@@ -533,7 +623,9 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
     if error:
         return [Orders(roles, error=f"step {queues.step}: {error}") for _ in roles]
     if queues.done():
-        return [Orders(roles, done=True) for _ in roles]
+        return [Orders(roles, done=True, carry=queues.ahead is not None) for _ in roles]
+    # The update made, its weights go out now, and the next step's prompts join the queue before the plan.
+    publish = queues.publish() if queues.publish_due() else None
     start = time.perf_counter()
     new, rounds = plan(roles, queues, rng)
     queues.plan_s += time.perf_counter() - start
@@ -542,7 +634,9 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)
     train = queues.hand_to_train() if queues.early_train and "train" in new else []
+    # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
-        if "train" in new and queues.update_due() else None
+        if "train" in roles and queues.update_due() else None
     return [Orders(new, work=work[r], train=train if new[r] == "train" else [],
-                   update=update if new[r] == "train" else None, rounds=rounds) for r in range(len(new))]
+                   update=update if roles[r] == "train" else None, publish=publish, rounds=rounds)
+            for r in range(len(new))]

@@ -32,6 +32,11 @@ PLACEMENTS = {
     "pivot-k2": (["--placement", "pivot", "--max-staleness", 2, "--rollout-is", "token"], 2),
     "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
                           "--max-staleness", 2], 3),
+    # --max-staleness with no checkpoint to stop at: each update published as soon as it is made, the
+    # engines go on under it, and the next step begins (tests/test_staleness.py)
+    "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0], 2),
+    "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
+                                "--max-staleness", 2, "--checkpoint-every", 0], 3),
     # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/test_filter_groups.py);
     # avg@3 of the held-out prompts beside the greedy accuracy (tests/test_eval_samples.py)
     "pivot-filter": (["--placement", "pivot", "--filter-groups", "--eval-samples", 3], 2),

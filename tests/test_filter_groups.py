@@ -34,10 +34,10 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
         report = Report(request.role)
         if request.role == "rollout":
             sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", prompt=BATCH[request.key[0]]["prompt"])
-            report.responses.append((sample, Request("genrm", request.key, [6], 8, 0.0)))
+            report.responses.append((sample, Request("genrm", request.key, [6], 8, 0.0, step=request.step)))
         else:
             p, g = request.key
-            report.verdicts.append(Verdict(request.key, "", 1, 1, float(rewards[p][g]), False, True, 0))
+            report.verdicts.append(Verdict(request.key, "", 1, 1, float(rewards[p][g]), False, True, 0, step=request.step))
         before = len(queues.queue["rollout"])
         queues.ingest([report], round_s=0.0)
         queued += list(queues.queue["rollout"])[before:]
@@ -83,7 +83,7 @@ def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
         queues.ingest([Report("rollout", responses=[(sample, Request("genrm", request.key, [6], 8, 0.0))])], 0.0)
     queues.queue["rollout"].clear()
     judge = [queues.queue["genrm"].popleft() for _ in range(2)]  # prompt 0's group, all 1: left out
-    queues.ingest([Report("genrm", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0) for r in judge])], 0.0)
+    queues.ingest([Report("genrm", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0, step=r.step) for r in judge])], 0.0)
     assert queues.dropped == [0] and [r.key for r in queues.queue["rollout"]] == [(2, 0), (2, 1)]
     rng = random.Random(0)
     assert colocated_plan(["genrm"] * 2, queues, rng)[0] == ["genrm"] * 2  # prompt 1 still to judge

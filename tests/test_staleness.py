@@ -1,7 +1,11 @@
 """--max-staleness K: small runs of the built-in task (tests/conftest.py's SMALL) whose updates run K steps
 behind the rollout. Every update trains the G responses of each of its step's prompts, each judged once,
 sampled by weights at most K versions older than the update's own (exactly min(u, K) here: the pipeline's
-first K steps are sampled by the starting weights); migrations and restarts change no sample."""
+first K steps are sampled by the starting weights); migrations and restarts change no sample. A run with
+no checkpoint to stop at publishes each update as soon as it is made, so steps overlap and sequences go
+on under newer weights: the same bound and counts hold, token by token."""
+
+import collections
 
 import pytest
 
@@ -61,3 +65,32 @@ def test_a_rank_killed_mid_pipeline_resumes_with_nothing_lost(uninterrupted, tmp
     assert "resuming from" in restarted(small_run(out, placement, restarts=1, env={"PIVOT_KILL": kill}))
     same_run(uninterrupted(placement)[0], out, exact=placement != "pivot-k2")
     assert [r["staleness"] for r in updates(out)] == [{str(min(u, bound)): 16} for u in range(SMALL_STEPS)]
+
+
+AHEAD_STEPS = 5
+
+
+@pytest.mark.parametrize("placement, bound", [("pivot-k1-ahead", 1), ("disaggregated-k2-ahead", 2)])
+def test_a_pipeline_that_runs_ahead_holds_the_bound_token_by_token(tmp_path, placement, bound):
+    """Every update trains its step's 16 samples, each judged once; a sample's first token was sampled at
+    most `bound` versions before the update (min(u, K) before the pipeline is full), each later stretch
+    of its tokens by the same or newer weights, and the record's per-lag token counts are those of the
+    samples it trained."""
+    out = tmp_path / "run"
+    small_run(out, placement, steps=AHEAD_STEPS)
+    records, logged = updates(out), samples(out)
+    assert [r["step"] for r in records] == list(range(AHEAD_STEPS))
+    assert sum(r["genrm_requests"] for r in records) == 16 * AHEAD_STEPS
+    assert collections.Counter(s["step"] for s in logged) == {u: 16 for u in range(AHEAD_STEPS)}
+    for u, r in enumerate(records):
+        trained = [s for s in logged if s["step"] == u]
+        assert r["samples"] == 16 and sum(r["staleness"].values()) == 16
+        assert all(0 <= int(lag) <= min(u, bound) for lag in r["staleness"])
+        tokens = collections.Counter()
+        for s in trained:
+            firsts, versions = [f for f, _ in s["versions"]], [v for _, v in s["versions"]]
+            assert firsts[0] == 0 and firsts == sorted(set(firsts)) and firsts[-1] < max(1, s["response_tokens"])
+            assert versions == sorted(set(versions)) and u - versions[0] <= min(u, bound)
+            for first, end, version in zip(firsts, firsts[1:] + [s["response_tokens"]], versions):
+                tokens[str(u - version)] += end - first
+        assert dict(tokens) == r["staleness_tokens"]

@@ -1,11 +1,15 @@
 """Sequences cut mid-generation and resumed on another engine, once or several times, end exactly as
-the same sequences generated without a cut: greedy and sampled (each request its own seed)."""
+the same sequences generated without a cut: greedy and sampled (each request its own seed). Resumed
+under newer weights (a partial rollout), a greedy sequence keeps the tokens the old weights chose and
+goes on as the new weights continue that prefix, each stretch marked with its version."""
 import json
 import sys
 
+import torch
+
 from roles.engine import Engine, Request
 from runtime import init_distributed, shutdown_distributed
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 policy, out = sys.argv[1], sys.argv[2]
 d = init_distributed()
@@ -40,6 +44,28 @@ for cuts in ([3], [1, 5, 9], [2, 2, 2, 2]):
         "finish_reasons": sorted(c.finish_reason for c in done.values()),
     }
 results["lengths"] = sorted(len(c.token_ids) for c in whole.values())
+
+greedy = [r for r in requests() if r.temperature == 0.0]
+model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+with torch.no_grad():
+    engines[1].load_weights([(name, p * 1.5) for name, p in model.named_parameters()])
+engines[1].version = 1
+engines[0].add(greedy)
+for _ in range(3):
+    engines[0].step()
+moving = engines[0].export()
+resumed = engines[1].run(moving)
+again = engines[1].run([Request("rollout", r.key, r.prompt_ids + r.generated, 40 - len(r.generated), 0.0, step=1)
+                        for r in moving])
+results["across_versions"] = {
+    "kept_old_tokens": all(resumed[r.id].token_ids[:len(r.generated)] == whole[r.id].token_ids[:len(r.generated)]
+                           for r in moving),
+    "new_weights_go_on": all(resumed[r.id].token_ids[len(r.generated):] == again[f"rollout/1/{r.key[0]}/{r.key[1]}"].token_ids
+                             for r in moving),
+    "changed": any(resumed[r.id].token_ids != whole[r.id].token_ids for r in moving),
+    "versions": sorted({str(resumed[r.id].versions) for r in moving}),
+    "logprobs_per_token": all(len(c.logprobs) == len(c.token_ids) for c in resumed.values()),
+}
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"), indent=1)
 for engine in engines:
     engine.close()

@@ -47,7 +47,7 @@ def engine_serves(role: str, storage: ParameterStorage, model_dir: str) -> bool:
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     done = engines[role].run([Request("rollout", (i, 0), ids, 8, 0.0) for i, ids in enumerate(prompts)])
     with torch.no_grad():
-        return all(greedy_agrees(model, ids, done[f"rollout/{i}/0"].token_ids) for i, ids in enumerate(prompts))
+        return all(greedy_agrees(model, ids, done[f"rollout/0/{i}/0"].token_ids) for i, ids in enumerate(prompts))
 
 
 def same_state(a: PolicyTrainer, b: PolicyTrainer) -> bool:

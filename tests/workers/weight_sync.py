@@ -60,7 +60,7 @@ storage.publish(trainer.full_weights(), version=1)
 storage.load_into(engine.engine)
 ids = [tok(p).input_ids for p in prompts]
 vllm_greedy = engine.engine.run([Request("rollout", (i, 0), x, 16, 0.0) for i, x in enumerate(ids)])
-vllm_tokens = [vllm_greedy[f"rollout/{i}/0"].token_ids for i in range(len(ids))]
+vllm_tokens = [vllm_greedy[f"rollout/0/{i}/0"].token_ids for i in range(len(ids))]
 hf_tokens = [plain.generate(torch.tensor([x]), max_new_tokens=16, do_sample=False)[0, len(x):].tolist()
              for x in ids]
 json.dump({"logprob_gap": logprob_gap, "grad_gap": grad_gap, "moved": moved,
