@@ -1,8 +1,7 @@
 """--eval-samples K: avg@K of the held-out prompts (K answers each at --temperature, each seeded) beside
-the greedy accuracy. The count by hand is pure; the runs are small runs of the built-in task."""
+the greedy accuracy. The count by hand and the seeds; the runs are in tests/e2e/test_eval_samples_runs.py."""
 import pytest
 
-from conftest import ROOT, metrics, torchrun
 from pivot_train import avg_at_k
 from roles.rollout import eval_seed, sample_seed
 
@@ -19,24 +18,3 @@ def test_eval_seeds_are_the_same_at_every_evaluation_and_apart_from_the_training
     seeds = {eval_seed(0, p, g) for p in range(20) for g in range(4)}
     assert len(seeds) == 80 and eval_seed(0, 3, 1) == eval_seed(0, 3, 1) != eval_seed(1, 3, 1)
     assert not seeds & {sample_seed(0, step, p, g) for step in range(20) for p in range(20) for g in range(4)}
-
-
-@pytest.mark.slow
-def test_near_greedy_samples_score_as_the_greedy_answers(tmp_path):
-    """At a temperature of 1e-4 every sampled answer is the greedy one: avg@3 is the greedy accuracy."""
-    out = tmp_path / "run"
-    torchrun(ROOT / "pivot_train.py", "--steps", 0, "--eval-prompts", 16, "--eval-samples", 3,
-             "--temperature", 1e-4, "--out", out)
-    record = metrics(out)[0]
-    assert record["eval_accuracy_avg@3"] == record["eval_accuracy"]
-
-
-@pytest.mark.slow
-def test_a_run_reports_avg_at_k_at_every_evaluation(uninterrupted):
-    out, proc = uninterrupted("pivot-filter")
-    evals = [r for r in metrics(out) if "eval_accuracy" in r]
-    assert [r["step"] for r in evals] == [0, 3]
-    for r in evals:  # 8 held-out prompts, 3 answers each
-        assert 0 <= r["eval_accuracy_avg@3"] <= 1 and (r["eval_accuracy_avg@3"] * 24) == pytest.approx(
-            round(r["eval_accuracy_avg@3"] * 24))
-    assert sum(" | avg@3 " in line for line in proc.stdout.splitlines()) == 2

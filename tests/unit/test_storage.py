@@ -1,11 +1,9 @@
-import json
-
-import pytest
+"""storage.py's layout and the arithmetic of its copies: aligned disjoint slots, FSDP2's row shards, and
+the pieces a copy is cut into (the storage on real ranks and nodes: tests/distributed/test_storage_replicas.py)."""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, torchrun
 from storage import pieces, plan_layout, shard_rows
 
 
@@ -15,21 +13,6 @@ def test_layout_is_aligned_and_disjoint():
     ends = [s.offset + s.nbytes for s in slots]
     assert all(end <= nxt.offset for end, nxt in zip(ends, slots[1:]))
     assert slots[0].offset >= 8 and total >= ends[-1]
-
-
-@pytest.mark.slow
-def test_two_local_ranks_share_one_copy(tmp_path):
-    """Every rank reads, for each version, the tensors the node's writer (rank 0) handed in, bit for bit,
-    not its own: one copy per node."""
-    from workers.storage_share import handed
-    torchrun(ROOT / "tests/workers/storage_share.py", tmp_path)
-    for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert not result["name_left_in_shm"]  # unlinked once every local rank has mapped it
-        assert [v["version"] for v in result["versions"]] == [1, 2]
-        for version, seen in zip((1, 2), result["versions"]):
-            writer, own = ({name: t.float().flatten().tolist() for name, t in handed(version, r)} for r in (0, rank))
-            assert seen["tensors"] == writer and (rank == 0 or seen["tensors"] != own)
 
 
 @settings(max_examples=200, deadline=None)
@@ -42,27 +25,6 @@ def test_shard_rows_match_fsdp2s_chunking(rows, count):
         assert list(range(first, stop)) == expected
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("nproc, nodes", [(2, 1), (2, 2), (3, 3), (4, 2)])
-def test_every_replica_holds_exactly_what_was_written(tmp_path, nproc, nodes):
-    """Publishes where every rank, one rank, a few rows or no rank write, on one node, on two and three
-    one-rank nodes and on two nodes of two ranks: every replica bit-exact, and a row crosses to each other
-    node once."""
-    torchrun(ROOT / "tests/workers/storage_nodes.py", tmp_path, nodes, nproc=nproc)
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(nproc)]
-    local = nproc // nodes
-    assert [r["node"] for r in ranks] == [rank // local for rank in range(nproc)]
-    for r in ranks:
-        assert [(p["what"], p["exact"], p["version_ok"]) for p in r["publishes"]] == \
-            [(p["what"], True, True) for p in r["publishes"]]
-    for p in (p for r in ranks for p in r["publishes"]):
-        assert p["bytes"] == p["expected_bytes"] and p["bytes_across_nodes"] == p["bytes"] * (nodes - 1), p
-    for i, p in enumerate(ranks[0]["publishes"]):  # what the nodes' own ranks wrote adds up to the publish
-        assert sum(ranks[node * local]["publishes"][i]["bytes_local"] for node in range(nodes)) == p["bytes"]
-    assert [p["bytes"] == 0 for p in ranks[0]["publishes"]] == [p["what"] == "no rank writes"
-                                                               for p in ranks[0]["publishes"]]
-
-
 @settings(max_examples=300, deadline=None)
 @given(sizes=st.lists(st.integers(0, 50), max_size=8), limit=st.integers(1, 40))
 def test_pieces_cover_every_byte_once_within_the_limit(sizes, limit):
@@ -71,21 +33,3 @@ def test_pieces_cover_every_byte_once_within_the_limit(sizes, limit):
     assert all(sum(stop - start for _, start, stop in piece) == limit for piece in cut[:-1])
     laid_out = [(run, byte) for piece in cut for run, start, stop in piece for byte in range(start, stop)]
     assert laid_out == [(run, byte) for run, size in enumerate(sizes) for byte in range(size)]
-
-
-@pytest.mark.slow
-def test_one_copy_per_node_whatever_the_local_ranks(tmp_path):
-    """Resident memory of the storage summed over a node's ranks (Pss) is one copy, for 1 rank or 2."""
-    totals = {}
-    for nproc in (1, 2):
-        out = tmp_path / str(nproc)
-        out.mkdir()
-        torchrun(ROOT / "tests/workers/storage_memory.py", out, 64, nproc=nproc)
-        ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
-        copy_kb = ranks[0]["nbytes"] / 1024
-        for r in ranks:
-            assert r["Rss"] >= 0.95 * copy_kb  # each rank sees all of it...
-        totals[nproc] = sum(r["Pss"] for r in ranks)  # ...but the node holds it once
-        assert 0.95 * copy_kb <= totals[nproc] <= 1.05 * copy_kb
-    print(f"storage resident memory per node: 1 rank {totals[1] / 1024:.1f} MiB, "
-          f"2 ranks {totals[2] / 1024:.1f} MiB")
