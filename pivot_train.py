@@ -503,7 +503,8 @@ def main(argv=None):
     genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=(args.genrm_kv_cache_mb or args.kv_cache_mb) << 20,
                   max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  judge_kind=args.judge_kind, longtail=args.workload == "longtail", recipe=reward_recipe(args),
+                  encode_prompt=encode_prompt, judge_kind=args.judge_kind, recipe=reward_recipe(args),
+                  lengths=longtail.lengths(args.workload, args.seed, longtail.CRITIQUE, args.max_critique_tokens),
                   **engines)
     if resume:
         placement.load_state(resume["planner"])

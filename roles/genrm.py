@@ -17,8 +17,6 @@ from dataclasses import dataclass, replace
 from rewards import Recipe
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed
-from tasks.dataset import encode_prompt
-from tasks.longtail import CRITIQUE, length as longtail_length
 
 VERDICT = re.compile(r"verdict:\s*(correct|wrong)\b")
 REWARD = {"correct": 1.0, "wrong": 0.0}
@@ -62,27 +60,30 @@ def fill_template(template: str, prompt: str, response: str, reference: str | No
 
 class GenRM:
     def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
-                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, judge_kind: str = "verdict",
-                 longtail: bool = False, recipe: Recipe = Recipe(), **engine_options):
-        """`recipe`: the reward's sources (rewards.py); `engine_options`: `Engine`'s sleep mode, weights
-        from storage and device memory margin."""
-        self.tokenizer, self.template, self.seed, self.longtail, self.recipe = tokenizer, template, seed, longtail, recipe
+                 kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, encode_prompt,
+                 judge_kind: str = "verdict", lengths=None, recipe: Recipe = Recipe(), **engine_options):
+        """`encode_prompt`: (tokenizer, text) -> the prompt's ids (tasks/dataset.py's: in the chat template
+        when the tokenizer has one); `lengths` (a throughput workload's, tasks/longtail.py): (step, sample
+        key) -> the length a critique runs to in place of `max_tokens`, end-of-sequence ignored; `recipe`:
+        the reward's sources (rewards.py); `engine_options`: `Engine`'s sleep mode, weights from storage and
+        device memory margin."""
+        self.tokenizer, self.template, self.seed, self.recipe = tokenizer, template, seed, recipe
+        self.encode_prompt, self.lengths = encode_prompt, lengths
         self.judge_kind, self.parse = judge_kind, parser(judge_kind)
         self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
         self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
                              **engine_options)
 
     def request(self, sample, step: int, retry: bool = False) -> Request:
-        """The judge's request for a sample: greedy, or sampled with its own seed on a retry; under the
-        longtail workload it writes a critique of its drawn length (tasks/longtail.py)."""
+        """The judge's request for a sample: greedy, or sampled with its own seed on a retry; with
+        `lengths`, a critique of the length drawn for it."""
         text = fill_template(self.template, sample.prompt, sample.response, sample.reference, sample.rubric)
-        ids = encode_prompt(self.tokenizer, text)
-        budget = longtail_length(self.seed, step, sample.key, CRITIQUE, self.max_tokens) if self.longtail \
-            else self.max_tokens
+        ids = self.encode_prompt(self.tokenizer, text)
+        budget = self.lengths(step, sample.key) if self.lengths is not None else self.max_tokens
         if not retry:
-            return Request("genrm", sample.key, ids, budget, 0.0, ignore_eos=self.longtail, step=step)
+            return Request("genrm", sample.key, ids, budget, 0.0, ignore_eos=self.lengths is not None, step=step)
         return Request("genrm", sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
-                       retry=True, ignore_eos=self.longtail, step=step)
+                       retry=True, ignore_eos=self.lengths is not None, step=step)
 
     def verdict(self, request: Request, done: Completion, step: int) -> "Verdict":
         """What the judge's output says of one response; with the retry rule, an unreadable first try

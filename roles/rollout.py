@@ -4,7 +4,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roles.engine import Completion, Engine, Request
-from tasks.longtail import RESPONSE, length as longtail_length
 
 
 @dataclass
@@ -62,13 +61,14 @@ class RolloutEngine:
 
     @staticmethod
     def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
-                 max_tokens: int, longtail: bool = False) -> list[Request]:
-        """One request per sample of the step, in (prompt, sample) order; under the longtail workload
-        each runs to its drawn length (tasks/longtail.py)."""
+                 max_tokens: int, lengths=None) -> list[Request]:
+        """One request per sample of the step, in (prompt, sample) order. `lengths` (a throughput
+        workload's, tasks/longtail.py): (step, sample key) -> the length each runs to in place of
+        `max_tokens`, end-of-sequence ignored."""
         def budget(key):
-            return longtail_length(seed, step, key, RESPONSE, max_tokens) if longtail else max_tokens
+            return lengths(step, key) if lengths is not None else max_tokens
         return [Request("rollout", (i, g), record["prompt_ids"], budget((i, g)), temperature,
-                        sample_seed(seed, step, i, g), ignore_eos=longtail, step=step)
+                        sample_seed(seed, step, i, g), ignore_eos=lengths is not None, step=step)
                 for i, record in enumerate(batch) for g in range(group_size)]
 
     def to_sample(self, request: Request, done: Completion, record: dict) -> Sample:

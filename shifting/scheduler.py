@@ -62,6 +62,7 @@ from roles.genrm import GenRM, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import NO_EARLY, add_early, grpo_advantages, informative
 from shifting.book import POLL_S, RECENT_STEPS, empty_enough, round_seconds, shares
+from tasks import longtail
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ class StepQueues:
         self.args, self.batch, self.step, self.group_size = args, batch, step, args.group_size
         requests = RolloutEngine.requests(
             batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
-            max_tokens=args.max_response_tokens, longtail=args.workload == "longtail")
+            max_tokens=args.max_response_tokens,
+            lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
         admitted = len(batch) if filter_groups is None else min(filter_groups, len(batch))
         self.queue = {"rollout": deque(requests[:admitted * self.group_size]), "genrm": deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order

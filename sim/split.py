@@ -11,7 +11,7 @@ def best_split(slots: int, min_train: int, seconds, unit: int = 1) -> tuple[dict
     golden-section searches: over the train count, each judged by its best judge count, itself searched
     over the judge counts, the rest rolling out. Exact where the seconds are unimodal in each count
     (more judge slots help until rollout starves, more train slots until the engines starve);
-    tests/test_sim.py checks it against every split of a small case. Returns the best split and how
+    tests/unit/test_sim.py checks it against every split of a small case. Returns the best split and how
     many splits were simulated."""
     if slots % unit:
         raise ValueError(f"{slots} slots do not divide into units of {unit}")

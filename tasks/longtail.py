@@ -21,3 +21,12 @@ def length(seed: int, step: int, key: tuple[int, int], kind: int, budget: int) -
     the run's seed, the step and the sample alone, so every placement and every rerun draws the same."""
     z = np.random.default_rng([seed, step, *key, kind]).standard_normal()
     return int(min(budget, max(1, round(budget / P99_OVER_MEDIAN * math.exp(SIGMA * z)))))
+
+
+def lengths(workload: str, seed: int, kind: int, budget: int):
+    """What RolloutEngine.requests and GenRM take as `lengths`: under this workload, (step, sample key) ->
+    the drawn `length` of `kind`; under any other (`--workload task`), None, so that each sequence ends
+    where its model ends it. The caller hands it over, so that roles/ knows no workload."""
+    if workload != "longtail":
+        return None
+    return lambda step, key: length(seed, step, key, kind, budget)

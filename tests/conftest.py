@@ -24,7 +24,7 @@ PLACEMENTS = {
     "pivot": (["--placement", "pivot"], 2),
     "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
     "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"], 3),
-    # --max-staleness: the update K steps behind the rollout (tests/test_staleness.py); K = 1 with two
+    # --max-staleness: the update K steps behind the rollout (tests/e2e/test_staleness.py); K = 1 with two
     # minibatches, whose pi_old the rollout correction computes before the first optimizer step
     "colocated-k1": (["--max-staleness", 1, "--minibatches", 2, "--rollout-is", "sequence"], 2),
     "forced-k1": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 1,
@@ -33,12 +33,12 @@ PLACEMENTS = {
     "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
                           "--max-staleness", 2], 3),
     # --max-staleness with no checkpoint to stop at: each update published as soon as it is made, the
-    # engines go on under it, and the next step begins (tests/test_staleness.py)
+    # engines go on under it, and the next step begins (tests/e2e/test_staleness.py)
     "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0], 2),
     "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
                                 "--max-staleness", 2, "--checkpoint-every", 0], 3),
-    # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/test_filter_groups.py);
-    # avg@3 of the held-out prompts beside the greedy accuracy (tests/test_eval_samples.py)
+    # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/e2e/test_filter_groups_runs.py);
+    # avg@3 of the held-out prompts beside the greedy accuracy (tests/e2e/test_eval_samples_runs.py)
     "pivot-filter": (["--placement", "pivot", "--filter-groups", "--eval-samples", 3], 2),
     "colocated-filter": (["--filter-groups", "--eval-samples", 3], 2),
 }

@@ -17,6 +17,7 @@ from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
+from tasks.dataset import encode_prompt
 from timeline import Timeline
 
 policy, genrm_dir, template_path, trials, out = sys.argv[1:6]
@@ -25,7 +26,7 @@ d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy)
 rollout = RolloutEngine(policy, tok, seed=0, max_model_len=256, kv_cache_bytes=16 << 20)
 genrm = GenRM(genrm_dir, AutoTokenizer.from_pretrained(genrm_dir), template, seed=0, max_model_len=256,
-              kv_cache_bytes=16 << 20, max_tokens=96, on_parse_failure="fail")
+              kv_cache_bytes=16 << 20, max_tokens=96, on_parse_failure="fail", encode_prompt=encode_prompt)
 hyper = dict(lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=4)
 state = TrainState(d, policy, keep_reference=False)
 policy_storage = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))

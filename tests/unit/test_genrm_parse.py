@@ -59,7 +59,7 @@ MALFORMED = [
 ]
 
 
-# Each is a parse failure, counted in the step's genrm_parse_failures (tests/test_architectures.py checks
+# Each is a parse failure, counted in the step's genrm_parse_failures (tests/e2e/test_architectures.py checks
 # the count in a run whose random judge writes nothing readable).
 @pytest.mark.parametrize("critique", MALFORMED)
 def test_malformed_rubric_outputs_are_failures(critique):

@@ -15,7 +15,7 @@ from sim.__main__ import simulate
 from sim.engine import RoundRules, Simulation
 from sim.split import best_split, node_unit
 
-BENCH_JSON = Path(__file__).with_name("data") / "placements_cpu.json"
+BENCH_JSON = Path(__file__).resolve().parent.parent / "data/placements_cpu.json"
 
 
 @pytest.fixture(scope="module")

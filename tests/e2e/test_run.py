@@ -1,5 +1,5 @@
 """Small whole runs of the built-in task (tests/conftest.py's `uninterrupted`, shared with
-tests/test_resume.py): a planner-driven pivot run against a colocated one, and what a run prints."""
+tests/e2e/test_resume.py): a planner-driven pivot run against a colocated one, and what a run prints."""
 import json
 import re
 

@@ -1,5 +1,5 @@
 """What a run prints: its own lines, and of vLLM's output only what is not known to be harmless
-(roles/logs.py). Pure: milliseconds. A whole run's console is checked in tests/test_run.py."""
+(roles/logs.py). Pure: milliseconds. A whole run's console is checked in tests/e2e/test_run.py."""
 import json
 import logging
 import os
