@@ -150,8 +150,40 @@ class Step:
         self.group_left = np.full(self.n // workload.group_size, workload.group_size)
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
-        self.generated = self.judged = 0
+        self.generated = self.judged = 0  # of its own samples
         self.steps_seen = deque(maxlen=book.RECENT_STEPS)  # (seconds, engine steps): the step's last RECENT_STEPS engine steps
+        self.ahead: Step | None = None  # the next step, begun during this one (`extend`)
+
+    ARRAYS = ("length", "critique", "gen", "cgen", "phase")
+
+    def extend(self, ahead: "Step") -> None:
+        """The next step's samples join this step's arrays, after its own `n`, and its rollout queue,
+        behind what is queued (StepQueues.publish: the update published during this step); `carry`
+        takes them out again."""
+        self.ahead = ahead
+        for name in self.ARRAYS + ("group_left", "handed"):
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(ahead, name)]))
+        self.queue["rollout"].extend(i + self.n for i in ahead.queue["rollout"])
+
+    def carry(self, exported: list[int]) -> "Step":
+        """As the step ends (every own sample judged): the next step, with what of it is done, its queues
+        and, first in them, the sequences the engines export now (StepQueues.carry)."""
+        ahead, n, groups = self.ahead, self.n, self.n // self.group_size
+        assert all(i >= n for queue in self.queue.values() for i in queue), "an own sample is left"
+        for name in self.ARRAYS + ("group_left", "handed"):
+            whole, cut = getattr(self, name), n if name in self.ARRAYS else groups
+            setattr(ahead, name, whole[cut:].copy())
+            setattr(self, name, whole[:cut])
+        ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
+        for i in reversed(exported):
+            ahead.phase[i - n] = 0 if ahead.phase[i - n] == 1 else 2
+            ahead.queue["rollout" if ahead.phase[i - n] == 0 else "genrm"].appendleft(i - n)
+        ahead.generated, ahead.judged = int((ahead.phase >= 2).sum()), int((ahead.phase == 4).sum())
+        complete = np.flatnonzero(ahead.group_left == 0)
+        ahead.train_ready = float(sum(ahead.tokens(slice(g * self.group_size, (g + 1) * self.group_size)).sum()
+                                      for g in complete))
+        self.ahead = None
+        return ahead
 
     def tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
@@ -233,6 +265,7 @@ class Simulation:
         k, last = self.max_staleness, skip + steps + self.max_staleness
         step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
         pending, trained, result = deque(), [], None
+        self.carried, self.ahead_index = None, None  # the next step's work begun by the step before (Step.carry)
         for update in range(last):
             ahead, beside = pipeline.rollouts(update, len(pending), k, last)
             for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
@@ -243,7 +276,12 @@ class Simulation:
                     self._step(pending[-1], None)
             if update == skip:
                 self._start_clock()
-            rolled = Step(self.workload, self.rng, beside, version=update) if beside < last else None
+            rolled, self.carried = self.carried, None
+            if rolled is None and beside < last:
+                rolled = Step(self.workload, self.rng, beside, version=update)
+            assert rolled is None or rolled.index == beside
+            # At K > 0 an update made during the rollout is published then, and the next step begins.
+            self.ahead_index = beside + 1 if k and beside + 1 < last else None
             update_step = pending.popleft() if k else rolled
             timed, start = skip <= update < skip + steps, self.now
             if timed:
@@ -287,12 +325,16 @@ class Simulation:
         groups early where the placement trains early, then the rest of `update`. At K = 0 the two are
         one step; a fill step has no update, a drain update no step."""
         self.step, self.update, self.rollout_end = step, update, None
+        self.made = self.published = False
         while step is not None:
             self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
             if step.judged == step.n:
                 break
+            if self.made and not self.published and self.ahead_index is not None:
+                self._publish()
+            self.made = self.made or self._made()
             roles, rnd = self._orders()
             self._apply(roles, grads=self._grads())
             self._dispatch()
@@ -305,8 +347,34 @@ class Simulation:
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
         self.judge_end = self.now
+        if step is not None and step.ahead is not None:  # the engines export the next step's sequences
+            exported = []
+            for slot in self.slots:
+                exported += slot.running
+                slot.running, slot.prefill_s = [], 0.0
+            self.carried = step.carry(exported)
         if update is not None:
             self._finish(update)
+
+    def _made(self) -> bool:
+        """Whether the train slots make the update now, at the round's start (StepQueues.update_due): it is
+        an earlier step's, and they have trained every group of it."""
+        update = self.update
+        return self.max_staleness > 0 and update is not None and self._early_train() and \
+            update.train_done >= update.train_ready == float(update.tokens(slice(None)).sum())
+
+    def _publish(self) -> None:
+        """The update made at the last round's start is published now, every slot taking part
+        (StepQueues.publish); each rollout engine loads it and prefills its running sequences again under
+        it (counted as engine time before it decodes on), and the next step's samples join the queue."""
+        trainers = sum(s.role == "train" for s in self.slots)
+        self._wait_until(self.now + self.model.publish_seconds(max(1, trainers)), state="waiting")
+        reload = self.model.shift_seconds("rollout", "rollout", max(1, trainers), False)
+        for slot in self.slots:
+            if slot.role == "rollout":
+                slot.prefill_s += reload + self._context("rollout", slot.running) / self.model.prefill_per_s["rollout"]
+        self.step.extend(Step(self.workload, self.rng, self.ahead_index, version=self.step.version + 1))
+        self.published = True
 
     def _grads(self) -> bool:
         """Whether the train slots hold gradients accumulated early, which a change of group carries."""
@@ -450,15 +518,16 @@ class Simulation:
         step = self.step
         for slot in self.slots:
             for i in slot.finished:
+                own = i < step.n  # else the next step's, begun during this one
                 if step.phase[i] == 1:
-                    step.phase[i], step.generated = 2, step.generated + 1
+                    step.phase[i], step.generated = 2, step.generated + own
                     step.queue["genrm"].append(i)
                 else:
                     assert step.phase[i] == 3, f"sample {i} judged twice"
-                    step.phase[i], step.judged = 4, step.judged + 1
+                    step.phase[i], step.judged = 4, step.judged + own
                     group = i // step.group_size
                     step.group_left[group] -= 1
-                    if step.group_left[group] == 0:
+                    if step.group_left[group] == 0 and own:
                         members = slice(group * step.group_size, (group + 1) * step.group_size)
                         step.train_ready += float(step.tokens(members).sum())
             for i in reversed(slot.exported):
@@ -478,13 +547,14 @@ class Simulation:
         trainers = [s for s in self.slots if s.role == "train"]
         left, n = step.train_ready - step.train_done, max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.
-        end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + self.model.publish_seconds(n)
+        publish = 0.0 if self.published else self.model.publish_seconds(n)  # else it went out during the step
+        end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + publish
         self._account(end, state="train")
         self.now = end
         step.train_done = step.train_ready
         if everyone:
             self._apply(["rollout"] * len(self.slots), grads=False)
-        else:  # a reload of the new weights, not a change of role; collective like any apply
+        elif not self.published:  # a reload of the new weights, not a change of role; collective like any apply
             for slot in self.slots:
                 if slot.role == "rollout":
                     slot.ready_at = self.now + self.model.shift_seconds("rollout", "rollout", n, False)

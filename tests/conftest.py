@@ -37,6 +37,8 @@ PLACEMENTS = {
     "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0], 2),
     "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
                                 "--max-staleness", 2, "--checkpoint-every", 0], 3),
+    "disaggregated-k2-every2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
+                                 "--max-staleness", 2, "--checkpoint-every", 2], 3),
     # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/e2e/test_filter_groups_runs.py);
     # avg@3 of the held-out prompts beside the greedy accuracy (tests/e2e/test_eval_samples_runs.py)
     "pivot-filter": (["--placement", "pivot", "--filter-groups", "--eval-samples", 3], 2),

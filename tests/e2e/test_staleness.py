@@ -67,21 +67,18 @@ def test_a_rank_killed_mid_pipeline_resumes_with_nothing_lost(uninterrupted, tmp
     assert [r["staleness"] for r in updates(out)] == [{str(min(u, bound)): 16} for u in range(SMALL_STEPS)]
 
 
-AHEAD_STEPS = 5
+AHEAD_STEPS = 6
 
 
-@pytest.mark.parametrize("placement, bound", [("pivot-k1-ahead", 1), ("disaggregated-k2-ahead", 2)])
-def test_a_pipeline_that_runs_ahead_holds_the_bound_token_by_token(tmp_path, placement, bound):
+def holds_the_bound_token_by_token(out, steps: int, bound: int) -> None:
     """Every update trains its step's 16 samples, each judged once; a sample's first token was sampled at
     most `bound` versions before the update (min(u, K) before the pipeline is full), each later stretch
     of its tokens by the same or newer weights, and the record's per-lag token counts are those of the
     samples it trained."""
-    out = tmp_path / "run"
-    small_run(out, placement, steps=AHEAD_STEPS)
     records, logged = updates(out), samples(out)
-    assert [r["step"] for r in records] == list(range(AHEAD_STEPS))
-    assert sum(r["genrm_requests"] for r in records) == 16 * AHEAD_STEPS
-    assert collections.Counter(s["step"] for s in logged) == {u: 16 for u in range(AHEAD_STEPS)}
+    assert [r["step"] for r in records] == list(range(steps))
+    assert sum(r["genrm_requests"] for r in records) == 16 * steps
+    assert collections.Counter(s["step"] for s in logged) == {u: 16 for u in range(steps)}
     for u, r in enumerate(records):
         trained = [s for s in logged if s["step"] == u]
         assert r["samples"] == 16 and sum(r["staleness"].values()) == 16
@@ -94,3 +91,21 @@ def test_a_pipeline_that_runs_ahead_holds_the_bound_token_by_token(tmp_path, pla
             for first, end, version in zip(firsts, firsts[1:] + [s["response_tokens"]], versions):
                 tokens[str(u - version)] += end - first
         assert dict(tokens) == r["staleness_tokens"]
+
+
+@pytest.mark.parametrize("placement, bound", [("pivot-k1-ahead", 1), ("disaggregated-k2-ahead", 2)])
+def test_a_pipeline_that_runs_ahead_holds_the_bound_token_by_token(tmp_path, placement, bound):
+    out = tmp_path / "run"
+    small_run(out, placement, steps=AHEAD_STEPS)
+    holds_the_bound_token_by_token(out, AHEAD_STEPS, bound)
+
+
+def test_a_rank_killed_while_the_pipeline_runs_ahead_resumes_with_nothing_lost(tmp_path):
+    """A checkpoint every 2 updates: the updates between run ahead into the next step, and the rollout
+    rank is killed some 150 engine steps in (the fourth or fifth step's rollout). The run resumes from
+    the last checkpoint, which holds whole steps only, and every update still trains its step's samples,
+    each judged once, within the bound."""
+    out = tmp_path / "run"
+    proc = small_run(out, "disaggregated-k2-every2", steps=AHEAD_STEPS, restarts=1, env={"PIVOT_KILL": "0:rollout:150"})
+    assert "resuming from" in restarted(proc)
+    holds_the_bound_token_by_token(out, AHEAD_STEPS, 2)
