@@ -88,7 +88,7 @@ def plan_seconds(ranks: int, repeats: int = 30) -> float:
                         judge_seqs=ranks * 20, judge_tokens=ranks * 20 * 400.0, judge_prefill=ranks * 10 * 5000.0,
                         critique_tokens=400, judge_prompt_tokens=5000, train_ready=ranks * 5000.0,
                         train_tokens=ranks * 80 * 5000.0)
-    roles = ["rollout"] * (ranks // 2) + ["genrm"] * (ranks - ranks // 2)
+    roles = ["rollout"] * (ranks // 2) + ["judge"] * (ranks - ranks // 2)
     state = [planner.Rank(role, 4 * 5000 if role == "rollout" else 20 * 5000, 100.0) for role in roles]
     config = planner.PlannerConfig(early_train=True)
     seconds = []

@@ -167,8 +167,8 @@ def run(d: Dist, model_dir: str, args) -> dict:
         return PolicyTrainer(state, group, d.device, micro_batch=args.micro_batch, **HYPER)
 
     ctx, build_s = timed(d.device, lambda: RoleContext(
-        d, ["train"] * d.world_size, policy=None, genrm=None, train_state=state, rollout_engine=None,
-        genrm_engine=None, make_trainer=make_trainer))
+        d, ["train"] * d.world_size, policy=None, judge=None, train_state=state, rollout_engine=None,
+        judge_engine=None, make_trainer=make_trainer))
     policy = ParameterStorage(d, "gpu-check-policy", ctx.trainer.weight_shapes())
     steps = [batch(state.config.vocab_size, args.samples, args.prompt_tokens, args.response_tokens, seed)
              for seed in (0, 1)]

@@ -1,4 +1,4 @@
-"""The unified role context: one mechanism moves a rank from any role (rollout, genrm, train) to any
+"""The unified role context: one mechanism moves a rank from any role (rollout, judge, train) to any
 other, and reshards the train group when its membership changes.
 
 A shift of a rank from role A to role B always runs these stages, in this order (verl's order for a
@@ -19,7 +19,7 @@ keeps its weights and KV cache on the device, so it loads, like an engine on CPU
 On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
 its rank holds another role (rebuilding an engine costs ~10 s), and onload reloads its weights from
 storage only when a newer version was published since it last loaded (the policy after an update; the
-frozen GenRM loads once). Likewise the trainer stays allocated on CPU (freeing host memory only to
+frozen judge loads once). Likewise the trainer stays allocated on CPU (freeing host memory only to
 fault it back in costs more than the copy) and its onload, when the train group is unchanged, copies
 the stored state into it; a changed group builds a new one.
 
@@ -58,15 +58,15 @@ class RoleContext:
     `groups`: the train groups kept, least recently used first. `observer.shifted(record, start)`, if
     given, hears of each shift this rank makes (timeline.py)."""
 
-    def __init__(self, d: Dist, roles: list[str], *, policy, genrm, train_state, rollout_engine,
-                 genrm_engine, make_trainer, observer=None):
+    def __init__(self, d: Dist, roles: list[str], *, policy, judge, train_state, rollout_engine,
+                 judge_engine, make_trainer, observer=None):
         assert len(roles) == d.world_size and set(roles) <= set(ROLES), roles
         self.d, self.roles = d, list(roles)
-        self.storage = {"rollout": policy, "genrm": genrm}
-        self.engines = {"rollout": rollout_engine, "genrm": genrm_engine}
+        self.storage = {"rollout": policy, "judge": judge}
+        self.engines = {"rollout": rollout_engine, "judge": judge_engine}
         self.train_state, self.make_trainer, self.observer = train_state, make_trainer, observer
         self.groups, self.rng = {}, {}
-        self.loaded = {"rollout": None, "genrm": None}  # the version each engine holds (None: from disk)
+        self.loaded = {"rollout": None, "judge": None}  # the version each engine holds (None: from disk)
         self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
         train = train_ranks(self.roles)
         group = self._group(train) if train else None

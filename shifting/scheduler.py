@@ -58,7 +58,7 @@ import torch.distributed as dist
 import faults
 from roles import ENGINE_ROLES, ROLES
 from roles.engine import Completion, Request
-from roles.genrm import GenRM, ParseFailure, Verdict
+from roles.judge import Judge, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import NO_EARLY, add_early, grpo_advantages, informative
 from shifting.book import POLL_S, RECENT_STEPS, empty_enough, round_seconds, shares
@@ -195,7 +195,7 @@ class StepQueues:
             max_tokens=args.max_response_tokens,
             lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
         admitted = len(batch) if filter_groups is None else min(filter_groups, len(batch))
-        self.queue = {"rollout": deque(requests[:admitted * self.group_size]), "genrm": deque()}
+        self.queue = {"rollout": deque(requests[:admitted * self.group_size]), "judge": deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
         self.filter_groups = filter_groups is not None
         self.dropped: list[int] = []  # groups left out of the update (prompt indices), as they were judged
@@ -304,7 +304,7 @@ class StepQueues:
                 queues = self._of(judging.step)
                 assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
                 queues.samples[sample.key] = sample
-                self.queue["genrm"].append(judging)
+                self.queue["judge"].append(judging)
             for verdict in report.verdicts:
                 self._of(verdict.step)._judged(verdict)
             self.reloaded += report.reloaded
@@ -333,7 +333,7 @@ class StepQueues:
         self.judge_runs += verdict.first_try
         self.parse_failures += verdict.parse_failed and verdict.first_try
         if verdict.retry:
-            self.queue["genrm"].append(verdict.retry)
+            self.queue["judge"].append(verdict.retry)
             return
         self.judged.add(key)
         group = [self.samples.get((key[0], g)) for g in range(self.group_size)]
@@ -393,8 +393,8 @@ class StepQueues:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
         if role == "rollout":
             return bool(self.queue["rollout"]) or self.in_flight["rollout"] > 0
-        if role == "genrm":
-            return len(self.judged) < self.expected or (self.ahead is not None and self.ahead.pending("genrm"))
+        if role == "judge":
+            return len(self.judged) < self.expected or (self.ahead is not None and self.ahead.pending("judge"))
         return False
 
     def done(self) -> bool:
@@ -435,8 +435,8 @@ def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> 
     queued, nothing can change before every engine has run empty: ranks report once, then; with work
     queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
     admits while the ranks judge wait until the judging is done: one switch back, not one a round."""
-    judging = roles[0] == "genrm" and (queues.queue["genrm"] or queues.in_flight["genrm"])
-    role = "rollout" if queues.pending("rollout") and not judging else "genrm"
+    judging = roles[0] == "judge" and (queues.queue["judge"] or queues.in_flight["judge"])
+    role = "rollout" if queues.pending("rollout") and not judging else "judge"
     return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
 
@@ -457,13 +457,13 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
 
 
 def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
-             genrm: GenRM, capacity: int, seed: int, step: int, timeline,
+             judge: Judge, capacity: int, seed: int, step: int, timeline,
              ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
     step's prompts (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
-    `genrm` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
+    `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
     training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
@@ -511,7 +511,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
         if engine is not None:
             engine.add(reloaded + orders.work)
             finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
-            _read(report, finished, batches, rollout, genrm)
+            _read(report, finished, batches, rollout, judge)
             (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
         elif orders.rounds.seconds is not None:
@@ -541,16 +541,16 @@ def publish_update(context, version: int) -> None:
 
 
 def _read(report: Report, finished: list[tuple[Request, Completion]], batches: dict[int, list[dict]],
-          rollout: RolloutEngine, genrm: GenRM) -> None:
+          rollout: RolloutEngine, judge: Judge) -> None:
     """Finished rollout requests become samples with their judge requests; finished critiques, verdicts.
     `batches`: the prompts of each step whose requests may be in flight."""
     try:
         for request, done in finished:
             if request.role == "rollout":
                 sample = rollout.to_sample(request, done, batches[request.step][request.key[0]])
-                report.responses.append((sample, genrm.request(sample, request.step)))
+                report.responses.append((sample, judge.request(sample, request.step)))
             else:
-                report.verdicts.append(genrm.verdict(request, done, request.step))
+                report.verdicts.append(judge.verdict(request, done, request.step))
     except ParseFailure as e:
         report.error = str(e)
 

@@ -24,9 +24,9 @@ from planner import EngineSpeed, LinearFit, Speeds
 from roles import ROLES
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
-TEXT_KEYS = {"about", "policy", "genrm"}
-CPU_MEASURED = ("cpus", "split", "rollout_step_s", "rollout_per_seq_s", "rollout_prefill_per_s", "genrm_step_s",
-                "genrm_per_seq_s", "genrm_prefill_per_s", "train_tokens_per_s_by_ranks", "max_seqs",
+TEXT_KEYS = {"about", "policy", "judge"}
+CPU_MEASURED = ("cpus", "split", "rollout_step_s", "rollout_per_seq_s", "rollout_prefill_per_s", "judge_step_s",
+                "judge_per_seq_s", "judge_prefill_per_s", "train_tokens_per_s_by_ranks", "max_seqs",
                 "prompts_per_step", "group_size", "prompt_tokens", "judge_template_tokens", "response_lengths",
                 "critique_lengths", "max_response_tokens", "max_critique_tokens", "exchange_per_round_s",
                 "plan_per_round_s")
@@ -70,7 +70,7 @@ def validate(node, where: str = "") -> None:
             continue
         validate(child, name)
     for name, group in node.get("groups", {}).items():
-        for role in ("policy", "genrm"):
+        for role in ("policy", "judge"):
             if group.get(role) not in node.get("models", {}):
                 raise CalibrationError(f"calibration entry groups.{name}.{role}: no model {group.get(role)!r} "
                                        f"in models")
@@ -154,15 +154,15 @@ class CostModel:
     def planner_speeds(self, workload: Workload, slots: int) -> Speeds:
         """The speeds the simulated rank 0 starts from, fitted by the planner's own estimator."""
         engines = {}
-        for role in ("rollout", "genrm"):
+        for role in ("rollout", "judge"):
             cap, fit = self.max_seqs[role], LinearFit(0.0, 0.0, hi=self.max_seqs[role], prior_weight=1e-6)
-            ctx = workload.prompt_tokens + workload.max_response / 10 + (role == "genrm") * (
+            ctx = workload.prompt_tokens + workload.max_response / 10 + (role == "judge") * (
                 workload.max_response / 10 + workload.judge_template_tokens)
             for b in (1, cap // 4 or 1, cap // 2 or 1, cap):
                 fit.observe(b, self.step_seconds(role, b, b * ctx))
             step_s, per_seq_s = fit.fit()
             engines[role] = EngineSpeed(step_s, per_seq_s, self.prefill_per_s[role], cap)
-        return Speeds(engines["rollout"], engines["genrm"], self.train_per_s(slots))
+        return Speeds(engines["rollout"], engines["judge"], self.train_per_s(slots))
 
     def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
         # Into the smallest train group it may form: the dearest such move; train to train, a reshard.
@@ -178,9 +178,9 @@ class GpuModel(CostModel):
             raise CalibrationError(f"no model group {group!r}; calibration.json has {', '.join(cal['groups'])}")
         hw = lambda key: value(cal, f"{hardware}.{key}")  # noqa: E731
         g = cal["groups"][group]
-        self.models = {"rollout": cal["models"][g["policy"]], "genrm": cal["models"][g["genrm"]]}
+        self.models = {"rollout": cal["models"][g["policy"]], "judge": cal["models"][g["judge"]]}
         m = lambda role, key: self.models[role][key]["value"]  # noqa: E731
-        self.tp = {role: int(value(cal, f"groups.{group}.tp_{role}")) for role in ("rollout", "genrm")}
+        self.tp = {role: int(value(cal, f"groups.{group}.tp_{role}")) for role in ("rollout", "judge")}
         self.slot_gpus = max(self.tp.values())
         self.hbm, self.flops = hw("hbm_bytes_per_s"), hw("matmul_flops")
         self.wbytes, self.kvbytes = hw("weight_bytes_per_param"), hw("kv_bytes_per_value")
@@ -200,7 +200,7 @@ class GpuModel(CostModel):
             fraction, most = self.engine_limits(cal, group, hardware, role)
             kv_tokens = (fraction * hw("memory_bytes") * self.tp[role]
                          - self.wbytes * m(role, "params")) / self.kv_per_token[role]
-            ctx = work.prompt_tokens + work.max_response / 10 + (role == "genrm") * work.max_critique / 10
+            ctx = work.prompt_tokens + work.max_response / 10 + (role == "judge") * work.max_critique / 10
             self.max_seqs[role] = self.instances[role] * int(min(most, kv_tokens // ctx))
         self.prefill_chunk_tokens = int(hw("max_num_batched_tokens"))
         self.h2d, self.d2h, self.link = hw("h2d_bytes_per_s"), hw("d2h_bytes_per_s"), hw("node_link_bytes_per_s")
@@ -297,8 +297,8 @@ class FittedGpuModel(GpuModel):
         """As the group's launcher sets them; a judge instance also takes at most the router's
         concurrent requests."""
         most = value(cal, f"groups.{group}.max_seqs_{role}")
-        if role == "genrm":
-            most = min(most, value(cal, f"{hardware}.genrm_router_requests"))
+        if role == "judge":
+            most = min(most, value(cal, f"{hardware}.judge_router_requests"))
         return value(cal, f"groups.{group}.memory_fraction_{role}"), most
 
     def step_seconds(self, role: str, batch: int, context: float) -> float:
@@ -325,14 +325,14 @@ class CpuModel(CostModel):
         missing = [k for k in CPU_MEASURED if k not in measured]
         if missing:
             raise CalibrationError(f"--measured lacks {', '.join(missing)}: bench/placements.py --json writes them")
-        rates = [measured[f"{r}_{k}"] for r in ("rollout", "genrm") for k in ("step_s", "per_seq_s", "prefill_per_s")]
+        rates = [measured[f"{r}_{k}"] for r in ("rollout", "judge") for k in ("step_s", "per_seq_s", "prefill_per_s")]
         if not all(isinstance(x, (int, float)) and x >= 0 for x in rates):
             raise CalibrationError(f"--measured engine figures must be numbers >= 0, got {rates}")
         self.measured, self.slot_gpus, self.min_train_slots = measured, 1, 1
         self.cores = int(measured["cpus"])
         self.train_rates = {int(n): rate for n, rate in measured["train_tokens_per_s_by_ranks"].items()}
-        self.prefill_per_s = {r: measured[f"{r}_prefill_per_s"] for r in ("rollout", "genrm")}
-        self.max_seqs = {r: int(measured["max_seqs"]) for r in ("rollout", "genrm")}
+        self.prefill_per_s = {r: measured[f"{r}_prefill_per_s"] for r in ("rollout", "judge")}
+        self.max_seqs = {r: int(measured["max_seqs"]) for r in ("rollout", "judge")}
         self.prefill_chunk_tokens = int(value(cal, "cpu.max_num_batched_tokens"))
         # Shift costs measured in the same runs win over bench/shift_latency.py's.
         self.shift = {tuple(pair.split("->")): value(cal, f"cpu.shift_s.{pair}") for pair in cal["cpu"]["shift_s"]}

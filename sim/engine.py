@@ -1,4 +1,4 @@
-"""Discrete-event simulation of GRPO steps with a GenRM on N slots, in three placements:
+"""Discrete-event simulation of GRPO steps with a judge on N slots, in three placements:
 
   colocated      every slot rolls out, then every slot judges, then every slot trains
   disaggregated  a fixed split of slots per role, sized to each role's share of the step's work;
@@ -146,7 +146,7 @@ class Step:
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
         self.phase = np.zeros(self.n, dtype=np.int8)
-        self.queue = {"rollout": deque(range(self.n)), "genrm": deque()}
+        self.queue = {"rollout": deque(range(self.n)), "judge": deque()}
         self.group_left = np.full(self.n // workload.group_size, workload.group_size)
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
@@ -197,7 +197,7 @@ class Simulation:
         self.speeds = model.planner_speeds(workload, slots)
         # Rank 0 refits each engine's speed from the steps it sees, as LoopPlanner does in pivot_train.py.
         self.fits = {role: planner.LinearFit(speed.step_s, speed.per_seq_s, hi=speed.max_seqs)
-                     for role, speed in (("rollout", self.speeds.rollout), ("genrm", self.speeds.genrm))}
+                     for role, speed in (("rollout", self.speeds.rollout), ("judge", self.speeds.judge))}
         self.costs = model.planner_costs(slots)
         self.split = {"rollout": slots}
         if placement == "disaggregated":
@@ -322,7 +322,7 @@ class Simulation:
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
             rolling = step.queue["rollout"] or any(s.running for s in self.slots if s.role == "rollout")
-            role = "rollout" if rolling else "genrm"
+            role = "rollout" if rolling else "judge"
             return [role] * len(roles), timed if step.queue[role] else Round(None, early=False)
         if self.placement == "pivot":
             return planner.apply_moves(roles, self._plan()), timed
@@ -452,7 +452,7 @@ class Simulation:
             for i in slot.finished:
                 if step.phase[i] == 1:
                     step.phase[i], step.generated = 2, step.generated + 1
-                    step.queue["genrm"].append(i)
+                    step.queue["judge"].append(i)
                 else:
                     assert step.phase[i] == 3, f"sample {i} judged twice"
                     step.phase[i], step.judged = 4, step.judged + 1
@@ -463,7 +463,7 @@ class Simulation:
                         step.train_ready += float(step.tokens(members).sum())
             for i in reversed(slot.exported):
                 step.phase[i] = 0 if step.phase[i] == 1 else 2
-                step.queue["rollout" if step.phase[i] == 0 else "genrm"].appendleft(i)
+                step.queue["rollout" if step.phase[i] == 0 else "judge"].appendleft(i)
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
@@ -509,8 +509,8 @@ class Simulation:
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
         judge_prompt = step.prompt + step.judge_template
         return max(step.prompt / m.prefill_per_s["rollout"] + alone("rollout", step.prompt, int(step.length[i]))
-                   + (judge_prompt + step.length[i]) / m.prefill_per_s["genrm"]
-                   + alone("genrm", judge_prompt + int(step.length[i]), int(step.critique[i]))
+                   + (judge_prompt + step.length[i]) / m.prefill_per_s["judge"]
+                   + alone("judge", judge_prompt + int(step.length[i]), int(step.critique[i]))
                    + float(step.tokens(slice(i // g * g, i // g * g + g) if early else slice(None)).sum())
                    / (n * m.train_per_s(n))
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
@@ -525,7 +525,7 @@ class Simulation:
         slots = min(len(self.slots), m.cores or len(self.slots))
         seconds = 0.0
         for role, prompts, lengths in (("rollout", np.full(step.n, step.prompt), step.length),
-                                       ("genrm", judge_prompt + step.length, step.critique)):
+                                       ("judge", judge_prompt + step.length, step.critique)):
             per_token, per_context = m.token_seconds(role)
             prompts, lengths = prompts.astype(np.float64), lengths.astype(np.float64)
             context = float((lengths * prompts + lengths * (lengths - 1) / 2).sum())
@@ -718,8 +718,8 @@ class Simulation:
         return planner.step_work(
             rolling=step.gen[rolling].tolist(), judging=step.cgen[np.flatnonzero(step.phase == 3)].tolist(),
             rollout_prefill=float(len(queued) * step.prompt + step.gen[queued].sum()),
-            judge_waiting=len(step.queue["genrm"]),
-            judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue["genrm"])),
+            judge_waiting=len(step.queue["judge"]),
+            judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue["judge"])),
             judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
             train_ready=pool.train_ready - pool.train_done,
             train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done,
@@ -732,7 +732,7 @@ class Simulation:
         n, s = self.workload.prompts * self.workload.group_size, self.speeds
         lengths, critiques = self.workload.draw(np.random.default_rng(0))
         rollout = planner.engine_seconds(s.rollout, 1, n, float(lengths.sum()), 0.0, n * self.workload.prompt_tokens)
-        judge = planner.engine_seconds(s.genrm, 1, n, float(critiques.sum()), 0.0, float(lengths.sum())
+        judge = planner.engine_seconds(s.judge, 1, n, float(critiques.sum()), 0.0, float(lengths.sum())
                                        + n * (self.workload.prompt_tokens + self.workload.judge_template_tokens))
         train = float(n * self.workload.prompt_tokens + lengths.sum()) / s.train_per_s
         total = rollout + judge + train
@@ -741,7 +741,7 @@ class Simulation:
         if slots - t - g < 1:
             raise ValueError(f"{slots} slots cannot hold a disaggregated split: train needs {t}, the judge {g}, "
                              f"rollout 1; simulate more devices")
-        return {"rollout": slots - t - g, "genrm": g, "train": t}
+        return {"rollout": slots - t - g, "judge": g, "train": t}
 
     def _push(self, t: float, slot: int, version: int) -> None:
         self.counter += 1
