@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from roles import Role
 from roles.trainer import decoder_layers, inference_dtype, logit_chunk_positions
 from storage import shard_rows
 
@@ -158,7 +159,7 @@ def plan(args) -> dict:
     dtype, f32 = inference_dtype(torch.device("cuda")), torch.float32.itemsize
     policy, judge = model_summary(args.policy, dtype), model_summary(args.judge_model, dtype)
     kv = args.kv_cache_mb * MIB
-    for name, m in (("policy", policy), ("judge", judge)):
+    for name, m in (("policy", policy), (Role.JUDGE, judge)):
         tokens = kv // m["kv_bytes_per_token"]
         if tokens < args.max_model_len:
             need = -(-args.max_model_len * m["kv_bytes_per_token"] // MIB)
@@ -166,12 +167,12 @@ def plan(args) -> dict:
                      f"one sequence of --max-model-len {args.max_model_len}: raise --kv-cache-mb to at least {need}")
     from shifting.placement import Placement
     placement = Placement(args, world)
-    roles, train_ranks = placement.start_roles(), placement.train_roles().count("train")
+    roles, train_ranks = placement.start_roles(), placement.train_roles().count(Role.TRAIN)
     train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
                                      activation_checkpointing=args.activation_checkpointing, kl=args.kl_coef > 0)
-    device = {"rollout": {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
-              "judge": {"weights": judge["params"] * dtype.itemsize, "kv_cache": kv},
-              "train": train}
+    device = {Role.ROLLOUT: {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
+              Role.JUDGE: {"weights": judge["params"] * dtype.itemsize, "kv_cache": kv},
+              Role.TRAIN: train}
     node = {"policy_weights": policy["params"] * dtype.itemsize, "judge_weights": judge["params"] * dtype.itemsize,
             "policy_train_state_fp32": 3 * policy["params"] * f32 + policy["buffer_bytes"]}
     if args.kl_coef > 0:
@@ -189,7 +190,7 @@ def plan(args) -> dict:
     peak = need[peak_role]
     if args.device_memory_gib and peak > args.device_memory_gib * GIB:
         change = ("raise --world-size or the split's train ranks, lower --micro-batch or --micro-batch-tokens, or "
-                  "pass --activation-checkpointing" if peak_role == "train" else
+                  "pass --activation-checkpointing" if peak_role == Role.TRAIN else
                   "lower --kv-cache-mb, or use a smaller model: each engine holds its whole model "
                   "(tensor_parallel_size=1)")
         sys.exit(f"a {peak_role} rank would need {_size(peak)}, over --device-memory-gib {args.device_memory_gib}: "
@@ -198,7 +199,7 @@ def plan(args) -> dict:
             "placement": args.placement, "roles": roles, "train_ranks": train_ranks, "train_peak": train_peak,
             "micro_batch": dict(zip(("tokens", "response_positions", "longest"), micro_batch_shape(args))),
             "activation_checkpointing": args.activation_checkpointing, "policy": _public(policy),
-            "judge": _public(judge), "device_bytes": device, "device_peak_bytes": peak, "node_host_bytes": node,
+            Role.JUDGE: _public(judge), "device_bytes": device, "device_peak_bytes": peak, "node_host_bytes": node,
             "notes": notes}
 
 
@@ -210,7 +211,7 @@ THEN = {"colocated": "every rank then judges and trains in turn",
 def print_plan(p: dict) -> None:
     print(f"dry run: {p['world_size']} ranks = {p['nodes']} nodes x {p['ranks_per_node']}; placement {p['placement']}; "
           f"engines, gathered weights and activations in {p['dtype'].removeprefix('torch.')}")
-    for name in ("policy", "judge"):
+    for name in ("policy", Role.JUDGE):
         m = p[name]
         count = f"{m['params'] / 1e9:.2f}B" if m["params"] >= 1e9 else f"{m['params'] / 1e6:.2f}M"
         print(f"  {name}: {m['architecture']}, {count} parameters, "
@@ -226,7 +227,7 @@ def print_plan(p: dict) -> None:
     print("memory per device, by role:")
     for role, parts in p["device_bytes"].items():
         detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
-        when = f"; at its peak, {p['train_peak']}" if role == "train" else ""
+        when = f"; at its peak, {p['train_peak']}" if role == Role.TRAIN else ""
         print(f"  {role:8s} {_size(sum(parts.values())):>10s}  ({detail}{when})")
     print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the largest role a rank holds)")
     node = p["node_host_bytes"]

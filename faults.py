@@ -11,7 +11,9 @@ through. The points:
 import os
 import signal
 
-POINTS = ("rollout", "judge", "train", "shift", "checkpoint")
+from roles import ROLES
+
+POINTS = (*ROLES, "shift", "checkpoint")
 _passed: dict[str, int] = {}
 
 

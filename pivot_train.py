@@ -82,7 +82,7 @@ import pipeline
 import report
 from planner import parse_split
 from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
-from roles import logs
+from roles import Role, logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.judge import JUDGE_KINDS, PARSE_RULES, Judge, fill_template
 from roles.rollout import RolloutEngine, Sample
@@ -323,7 +323,7 @@ def check_config(args) -> str:
             roles = parse_split(args.split, args.world_size if args.dry_run else int(os.environ.get("WORLD_SIZE", "1")))
         except ValueError as e:
             sys.exit(str(e))
-        if "train" not in roles:
+        if Role.TRAIN not in roles:
             sys.exit(f"--split {args.split} has no train rank: add train=1 (disaggregated needs 3 ranks or more)")
     elif args.split:
         sys.exit(f"--split applies to --placement disaggregated only (this run is {args.placement})")
@@ -495,7 +495,7 @@ def main(argv=None):
     if resume:
         checkpoint.restore(d, resume, train_state)
     train_state.publish_weights(storage, version=start)
-    judge_storage = checkpoint_storage(d, "judge", args.judge_model, dtype)
+    judge_storage = checkpoint_storage(d, Role.JUDGE, args.judge_model, dtype)
     # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
     # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs
     # and several nodes").
@@ -659,7 +659,7 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
     ahead = ahead if early_train else None
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
                         train_per_s=placement.train_per_s, train_pool=train_pool,
-                        skipped_in_row=skipped_in_row, version=context.storage["rollout"].version,
+                        skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
@@ -725,7 +725,7 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     stats = early["update"]
     if stats is None and context.trainer is not None:
         start = time.perf_counter()
-        with timeline.busy("train"):
+        with timeline.busy(Role.TRAIN):
             stats = context.trainer.train_step(minibatches, early if early["groups"] else None, skipped_in_row)
         # Prompt and response tokens per second per train rank: what sizes early training's shares.
         tokens = sum(len(s.prompt_ids) + len(s.response_ids) for mb in minibatches for s in mb)
@@ -765,14 +765,14 @@ def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: li
     --temperature. Every rank answers, then every rank judges, each in that role (on GPU the other
     engine is asleep); the ranks then go back to the roles they held."""
     held = list(context.roles)
-    shifts = context.apply(["rollout"] * d.world_size)
+    shifts = context.apply([Role.ROLLOUT] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
     responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
     accuracy = sampled_accuracy(d, engine, eval_set, mine, args)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
-    shifts += context.apply(["judge"] * d.world_size)
+    shifts += context.apply([Role.JUDGE] * d.world_size)
     judge.judge(samples, step)
     shifts += context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
@@ -816,7 +816,7 @@ def avg_at_k(answers: list[tuple[str | None, list[str]]], marker: str) -> float:
 def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
-    agree = sum(not s.parse_failed and (s.scores["judge"] == 1.0) == matches_reference(s.response, s.reference,
+    agree = sum(not s.parse_failed and (s.scores[Role.JUDGE] == 1.0) == matches_reference(s.response, s.reference,
                                                                                          args.answer_marker)
                 for s in checked)
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),

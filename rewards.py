@@ -10,7 +10,9 @@ sample (`Sample.scores`). Pure: the one place a verdict becomes a reward (`Verdi
 """
 from dataclasses import dataclass
 
-SOURCES = ("judge", "exact", "overlong")
+from roles import Role
+
+SOURCES = (Role.JUDGE, "exact", "overlong")
 NEEDS_REFERENCE = ("exact",)
 
 
@@ -63,7 +65,7 @@ def overlong_score(length: int, max_tokens: int, buffer: int) -> float:
 class Recipe:
     """The sources of the reward and what their rules need (`--reward`, `--answer-marker`,
     `--max-response-tokens`, `--overlong-buffer`)."""
-    coefficients: tuple[tuple[str, float], ...] = (("judge", 1.0),)
+    coefficients: tuple[tuple[str, float], ...] = ((Role.JUDGE, 1.0),)
     answer_marker: str = ">"
     max_response_tokens: int = 0
     overlong_buffer: int = 0
@@ -73,7 +75,7 @@ class Recipe:
         agreement with the reference is measured), and each rule's in the recipe."""
         rules = {"exact": lambda: exact_score(response, reference, self.answer_marker),
                  "overlong": lambda: overlong_score(response_tokens, self.max_response_tokens, self.overlong_buffer)}
-        return {"judge": judge, **{name: rules[name]() for name, _ in self.coefficients if name != "judge"}}
+        return {Role.JUDGE: judge, **{name: rules[name]() for name, _ in self.coefficients if name != Role.JUDGE}}
 
     def reward(self, scores: dict[str, float]) -> float:
         return sum(coefficient * scores[name] for name, coefficient in self.coefficients)

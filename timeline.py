@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from roles import ROLES
+from roles import ROLES, Role
 from runtime import Dist
 
-COLOURS = {"rollout": "tab:blue", "judge": "tab:orange", "train": "tab:green", "shift": "black"}
+COLOURS = {Role.ROLLOUT: "tab:blue", Role.JUDGE: "tab:orange", Role.TRAIN: "tab:green", "shift": "black"}
 
 
 class Timeline:

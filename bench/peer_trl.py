@@ -241,6 +241,7 @@ def trl_side(args) -> None:
 
     sys.path.insert(0, str(ROOT))
     import pivot_train
+    from roles import Role
     from roles.judge import fill_template, parse_verdict
     from tasks.dataset import encode_prompt, step_prompts
 
@@ -255,7 +256,7 @@ def trl_side(args) -> None:
 
     class JudgeReward:
         """The judge as a TRL reward function: PivotRL's template, a greedy critique, PivotRL's parser."""
-        __name__ = "judge"
+        __name__ = Role.JUDGE
 
         def __init__(self):
             self.model = AutoModelForCausalLM.from_pretrained(job.judge_model, dtype=torch.float32).eval()

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from roles import Role  # noqa: E402
 from roles.engine import Engine  # noqa: E402
 from roles.trainer import PolicyTrainer  # noqa: E402
 from runtime import init_distributed  # noqa: E402
@@ -43,7 +44,7 @@ from storage import ParameterStorage, TrainState, checkpoint_storage  # noqa: E4
 from tinymodel import make_model  # noqa: E402
 
 # Through every ordered pair once: r->t, t->r, r->g, g->t, t->g, g->r.
-PATH = ["train", "rollout", "judge", "train", "judge", "rollout"]
+PATH = [Role.TRAIN, Role.ROLLOUT, Role.JUDGE, Role.TRAIN, Role.JUDGE, Role.ROLLOUT]
 HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=8)
 
 
@@ -67,14 +68,14 @@ def measure(d, name: str, policy_dir: str, judge_dir: str, repeats: int, kv_byte
     state.publish_weights(policy, version=0)
     judge = checkpoint_storage(d, f"{name}-judge", judge_dir, torch.float32)
     engines = {role: Engine(path, seed=0, max_model_len=256, kv_cache_bytes=kv_bytes)
-               for role, path in (("rollout", policy_dir), ("judge", judge_dir))}
-    ctx = RoleContext(d, ["rollout"], policy=policy, judge=judge, train_state=state,
-                      rollout_engine=engines["rollout"], judge_engine=engines["judge"],
+               for role, path in ((Role.ROLLOUT, policy_dir), (Role.JUDGE, judge_dir))}
+    ctx = RoleContext(d, [Role.ROLLOUT], policy=policy, judge=judge, train_state=state,
+                      rollout_engine=engines[Role.ROLLOUT], judge_engine=engines[Role.JUDGE],
                       make_trainer=lambda group: PolicyTrainer(state, group, d.device, **HYPER))
     records, version = [], 0
     for _ in range(repeats):
         for role in PATH:
-            if role == "rollout":  # as after an update: a new version for the engine to load
+            if role == Role.ROLLOUT:  # as after an update: a new version for the engine to load
                 version += 1
                 state.publish_weights(policy, version=version)
             records += ctx.apply([role])
@@ -87,7 +88,7 @@ def measure(d, name: str, policy_dir: str, judge_dir: str, repeats: int, kv_byte
     rate = memcpy_rate(weight_bytes, repeats=5)
     train_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->train"))
     engine_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->rollout"))
-    first_build = next(r["onload"] for r in records if r["to"] == "train")
+    first_build = next(r["onload"] for r in records if r["to"] == Role.TRAIN)
     pack = pack_rate(policy)
     return {"params": sum(math.prod(shape) for _, shape in state.params), "weight_bytes": weight_bytes,
             "threads": torch.get_num_threads(), "memcpy_GBps": rate / 1e9,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from roles import logs  # before vLLM, which warns as it is imported
+from roles import Role, logs  # before vLLM, which warns as it is imported
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
@@ -23,7 +23,7 @@ ENGINE_OVERHEAD_MB = 1024
 
 @dataclass
 class Request:
-    role: str  # the engine role that serves it: "rollout" or "judge"
+    role: Role  # the engine role that serves it: Role.ROLLOUT or Role.JUDGE
     key: tuple[int, int]  # (prompt index, sample index) within the step
     prompt_ids: list[int]
     max_tokens: int

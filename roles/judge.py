@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, replace
 
 from rewards import Recipe
+from roles import Role
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed
 
@@ -81,8 +82,8 @@ class Judge:
         ids = self.encode_prompt(self.tokenizer, text)
         budget = self.lengths(step, sample.key) if self.lengths is not None else self.max_tokens
         if not retry:
-            return Request("judge", sample.key, ids, budget, 0.0, ignore_eos=self.lengths is not None, step=step)
-        return Request("judge", sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
+            return Request(Role.JUDGE, sample.key, ids, budget, 0.0, ignore_eos=self.lengths is not None, step=step)
+        return Request(Role.JUDGE, sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
                        retry=True, ignore_eos=self.lengths is not None, step=step)
 
     def verdict(self, request: Request, done: Completion, step: int) -> "Verdict":

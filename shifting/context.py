@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 import faults
-from roles import ROLES
+from roles import ROLES, Role
 from runtime import Dist
 
 STAGES = ("drain", "offload", "onload", "ready")
@@ -62,15 +62,15 @@ class RoleContext:
                  judge_engine, make_trainer, observer=None):
         assert len(roles) == d.world_size and set(roles) <= set(ROLES), roles
         self.d, self.roles = d, list(roles)
-        self.storage = {"rollout": policy, "judge": judge}
-        self.engines = {"rollout": rollout_engine, "judge": judge_engine}
+        self.storage = {Role.ROLLOUT: policy, Role.JUDGE: judge}
+        self.engines = {Role.ROLLOUT: rollout_engine, Role.JUDGE: judge_engine}
         self.train_state, self.make_trainer, self.observer = train_state, make_trainer, observer
         self.groups, self.rng = {}, {}
-        self.loaded = {"rollout": None, "judge": None}  # the version each engine holds (None: from disk)
+        self.loaded = {Role.ROLLOUT: None, Role.JUDGE: None}  # the version each engine holds (None: from disk)
         self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
         train = train_ranks(self.roles)
         group = self._group(train) if train else None
-        self.trainer = make_trainer(group) if self.role == "train" else None
+        self.trainer = make_trainer(group) if self.role == Role.TRAIN else None
 
     @property
     def role(self) -> str:
@@ -85,7 +85,7 @@ class RoleContext:
         assert len(roles) == self.d.world_size and set(roles) <= set(ROLES), roles
         old, new = self.role, roles[self.d.rank]
         regroup = train_ranks(roles) != train_ranks(self.roles)
-        moving = old != new or (regroup and new == "train")
+        moving = old != new or (regroup and new == Role.TRAIN)
         # An engine that keeps its role still loads a newer published version (disaggregated rollout),
         # and one still asleep wakes (a policy engine created asleep).
         engine = self.engines.get(new)
@@ -104,7 +104,7 @@ class RoleContext:
                 self._offload(old)
                 faults.point("shift", self.d.rank)
         with stage(seconds, "onload"):
-            group = self._group(train_ranks(roles)) if regroup and "train" in roles else None
+            group = self._group(train_ranks(roles)) if regroup and Role.TRAIN in roles else None
             if moving:
                 moved = self._onload(new, group)
             elif refresh:
@@ -127,7 +127,7 @@ class RoleContext:
 
     def _offload(self, role: str) -> None:
         self.rng[role] = get_rng_state()
-        if role == "train":  # its state is in storage already: apply saved it
+        if role == Role.TRAIN:  # its state is in storage already: apply saved it
             if self.d.device.type == "cpu":
                 self.parked = self.trainer
             else:
@@ -138,7 +138,7 @@ class RoleContext:
 
     def _onload(self, role: str, group) -> int:
         """Loads `role`'s context; returns the bytes read from storage."""
-        if role == "train":
+        if role == Role.TRAIN:
             if self.parked is not None and self.parked.group is group:
                 self.trainer = self.parked
                 self.trainer.reload()
@@ -202,7 +202,7 @@ def set_rng_state(state) -> None:
 
 
 def train_ranks(roles: list[str]) -> list[int]:
-    return [rank for rank, role in enumerate(roles) if role == "train"]
+    return [rank for rank, role in enumerate(roles) if role == Role.TRAIN]
 
 
 @contextmanager

@@ -1,5 +1,5 @@
-"""Cluster-scale simulation of GRPO with a generative reward model (GenRM, here called the judge):
-colocated, disaggregated and pivot placements, the pivot one driven by planner.py, each at
+"""Cluster-scale simulation of GRPO rewarded by a judge (a generative reward model, GenRM)
+in colocated, disaggregated and pivot placements, the pivot one driven by planner.py, each at
 pivot_train.py's --max-staleness K (pipeline.py). Every input figure comes from sim/calibration.json,
 with its source.
 

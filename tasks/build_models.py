@@ -26,6 +26,7 @@ import time
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from roles import Role
 from tasks import arithmetic
 from tasks.dataset import load_jsonl
 from tinymodel import qwen2_char_tokenizer
@@ -276,7 +277,7 @@ def main():
     judge_rng = random.Random(args.seed + 3)
     judge = build_model(tokenizer, args.hidden_size, args.layers)
     judge.load_state_dict(policy.state_dict())
-    train(judge, tokenizer, judge_example, args.judge_steps, args, judge_rng, held_out, template, "judge")
+    train(judge, tokenizer, judge_example, args.judge_steps, args, judge_rng, held_out, template, Role.JUDGE)
     save(judge, tokenizer, os.path.join(args.models_dir, "arith-genrm"))
 
     greedy = generate(policy, tokenizer, prompts, 0.0, MAX_RESPONSE_TOKENS)
