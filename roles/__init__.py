@@ -14,6 +14,11 @@ class Role(str, enum.Enum):
         enum would write `Role.ROLLOUT`)."""
         return self.value
 
+    def __repr__(self) -> str:
+        """The value's repr, so that printed lists and dicts of roles (a split, a plan's roles) read as the
+        role names they always were."""
+        return repr(self.value)
+
 
 ENGINE_ROLES = (Role.ROLLOUT, Role.JUDGE)  # roles that run a vLLM engine
 ROLES = ENGINE_ROLES + (Role.TRAIN,)
