@@ -26,7 +26,7 @@ from roles.rollout import Sample
 _CHUNK = 64 << 20
 
 # The flags a resumed run must share with the run it continues (--steps may grow).
-SAME_FLAGS = ("policy", "genrm", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
+SAME_FLAGS = ("policy", "judge_model", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
               "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
               "force_shifts", "clip_ratio_c", "adam_betas", "workload", "max_staleness", "rollout_is",

@@ -6,7 +6,7 @@ does), from their config.json alone, to count their parameters and shapes.
 The placement is the one given: colocated and pivot start every rank in rollout (pivot's planner then
 moves them) and train on every rank at the step's end; disaggregated keeps its --split, and only the
 split's train ranks shard the training state. Per device, the figures are those of the GPU path (bf16
-engines and activations, fp32 master weights, grads and AdamW moments): a rollout or genrm rank holds
+engines and activations, fp32 master weights, grads and AdamW moments): a rollout or judge rank holds
 its model's weights and its engine's KV cache (`--kv-cache-mb`); a train rank holds its FSDP2 rows
 (Shard(0), as `storage.shard_rows` splits them) of the master weights, grads and both moments, the
 root unit and two decoder layers gathered, and the largest of what one micro-batch adds on the way
@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from roles import Role
 from roles.trainer import decoder_layers, inference_dtype, logit_chunk_positions
 from storage import shard_rows
 
@@ -156,9 +157,9 @@ def plan(args) -> dict:
         sys.exit(f"--world-size {world} is not a whole number of nodes of --nproc-per-node {per_node}: "
                  f"pass --world-size {world + per_node - world % per_node} or a --nproc-per-node that divides {world}")
     dtype, f32 = inference_dtype(torch.device("cuda")), torch.float32.itemsize
-    policy, genrm = model_summary(args.policy, dtype), model_summary(args.genrm, dtype)
+    policy, judge = model_summary(args.policy, dtype), model_summary(args.judge_model, dtype)
     kv = args.kv_cache_mb * MIB
-    for name, m in (("policy", policy), ("genrm", genrm)):
+    for name, m in (("policy", policy), (Role.JUDGE, judge)):
         tokens = kv // m["kv_bytes_per_token"]
         if tokens < args.max_model_len:
             need = -(-args.max_model_len * m["kv_bytes_per_token"] // MIB)
@@ -166,13 +167,13 @@ def plan(args) -> dict:
                      f"one sequence of --max-model-len {args.max_model_len}: raise --kv-cache-mb to at least {need}")
     from shifting.placement import Placement
     placement = Placement(args, world)
-    roles, train_ranks = placement.start_roles(), placement.train_roles().count("train")
+    roles, train_ranks = placement.start_roles(), placement.train_roles().count(Role.TRAIN)
     train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
                                      activation_checkpointing=args.activation_checkpointing, kl=args.kl_coef > 0)
-    device = {"rollout": {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
-              "genrm": {"weights": genrm["params"] * dtype.itemsize, "kv_cache": kv},
-              "train": train}
-    node = {"policy_weights": policy["params"] * dtype.itemsize, "genrm_weights": genrm["params"] * dtype.itemsize,
+    device = {Role.ROLLOUT: {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
+              Role.JUDGE: {"weights": judge["params"] * dtype.itemsize, "kv_cache": kv},
+              Role.TRAIN: train}
+    node = {"policy_weights": policy["params"] * dtype.itemsize, "judge_weights": judge["params"] * dtype.itemsize,
             "policy_train_state_fp32": 3 * policy["params"] * f32 + policy["buffer_bytes"]}
     if args.kl_coef > 0:
         node["reference_fp32"] = policy["params"] * f32
@@ -189,7 +190,7 @@ def plan(args) -> dict:
     peak = need[peak_role]
     if args.device_memory_gib and peak > args.device_memory_gib * GIB:
         change = ("raise --world-size or the split's train ranks, lower --micro-batch or --micro-batch-tokens, or "
-                  "pass --activation-checkpointing" if peak_role == "train" else
+                  "pass --activation-checkpointing" if peak_role == Role.TRAIN else
                   "lower --kv-cache-mb, or use a smaller model: each engine holds its whole model "
                   "(tensor_parallel_size=1)")
         sys.exit(f"a {peak_role} rank would need {_size(peak)}, over --device-memory-gib {args.device_memory_gib}: "
@@ -198,7 +199,7 @@ def plan(args) -> dict:
             "placement": args.placement, "roles": roles, "train_ranks": train_ranks, "train_peak": train_peak,
             "micro_batch": dict(zip(("tokens", "response_positions", "longest"), micro_batch_shape(args))),
             "activation_checkpointing": args.activation_checkpointing, "policy": _public(policy),
-            "genrm": _public(genrm), "device_bytes": device, "device_peak_bytes": peak, "node_host_bytes": node,
+            Role.JUDGE: _public(judge), "device_bytes": device, "device_peak_bytes": peak, "node_host_bytes": node,
             "notes": notes}
 
 
@@ -210,7 +211,7 @@ THEN = {"colocated": "every rank then judges and trains in turn",
 def print_plan(p: dict) -> None:
     print(f"dry run: {p['world_size']} ranks = {p['nodes']} nodes x {p['ranks_per_node']}; placement {p['placement']}; "
           f"engines, gathered weights and activations in {p['dtype'].removeprefix('torch.')}")
-    for name in ("policy", "genrm"):
+    for name in ("policy", Role.JUDGE):
         m = p[name]
         count = f"{m['params'] / 1e9:.2f}B" if m["params"] >= 1e9 else f"{m['params'] / 1e6:.2f}M"
         print(f"  {name}: {m['architecture']}, {count} parameters, "
@@ -226,7 +227,7 @@ def print_plan(p: dict) -> None:
     print("memory per device, by role:")
     for role, parts in p["device_bytes"].items():
         detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
-        when = f"; at its peak, {p['train_peak']}" if role == "train" else ""
+        when = f"; at its peak, {p['train_peak']}" if role == Role.TRAIN else ""
         print(f"  {role:8s} {_size(sum(parts.values())):>10s}  ({detail}{when})")
     print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the largest role a rank holds)")
     node = p["node_host_bytes"]

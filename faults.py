@@ -3,7 +3,7 @@
 With PIVOT_KILL=RANK:POINT:N in the environment, rank RANK kills itself with SIGKILL (as `kill -9`
 would) the Nth time it passes POINT, in torchrun's first launch only, so that the restarted group runs
 through. The points:
-    rollout, genrm  an engine step in that role has just run
+    rollout, judge  an engine step in that role has just run
     train           a minibatch's gradients are computed, the optimizer has not stepped
     shift           a role change has offloaded the old role and not yet onloaded the new one
     checkpoint      rank 0 has written a checkpoint's state, not yet renamed it into place
@@ -11,7 +11,9 @@ through. The points:
 import os
 import signal
 
-POINTS = ("rollout", "genrm", "train", "shift", "checkpoint")
+from roles import ROLES
+
+POINTS = (*ROLES, "shift", "checkpoint")
 _passed: dict[str, int] = {}
 
 

@@ -1,10 +1,11 @@
 """PivotRL: GRPO post-training of an LLM policy whose reward comes from a generative reward model.
 
-Each step: the policy samples G responses for each of P prompts (vLLM); the GenRM writes a critique of
-every response and ends it with a verdict, parsed into the reward; a GRPO update of the policy (FSDP2)
-uses group-normalised advantages and the clipped ratio objective against the sampling logprobs; the
-new weights are published to the Global Parameter Storage and every rollout engine loads them before
-the next step. By default synchronous and on-policy: step k's samples come from step k's weights.
+Each step: the policy samples G responses for each of P prompts (vLLM); the judge (the generative reward
+model, GenRM) writes a critique of every response and ends it with a verdict, parsed into the reward;
+a GRPO update of the policy (FSDP2) uses group-normalised advantages and the clipped ratio objective
+against the sampling logprobs; the new weights are published to the Global Parameter Storage and every
+rollout engine loads them before the next step. By default synchronous and on-policy: step k's samples
+come from step k's weights.
 
 With --max-staleness K > 0 the update runs K steps behind the rollout: while step k's prompts are rolled
 out and judged (with the weights of update k - K), the train ranks work through the groups of step k - K
@@ -49,10 +50,10 @@ On CPU, the built-in task (the defaults):
     torchrun --standalone --nproc_per_node=2 pivot_train.py --out runs/arith
 Across GPU nodes, on each node:
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
-        pivot_train.py --policy /models/policy --genrm /models/judge --data train.jsonl \\
+        pivot_train.py --policy /models/policy --judge-model /models/judge --data train.jsonl \\
         --eval-data eval.jsonl --judge-template judge.txt --out /runs/exp1
 Checking a configuration for 128 ranks first, without torchrun and without loading any weights:
-    python pivot_train.py --dry-run --world-size 128 --policy /models/policy --genrm /models/judge ...
+    python pivot_train.py --dry-run --world-size 128 --policy /models/policy --judge-model /models/judge ...
 """
 import os
 
@@ -81,9 +82,9 @@ import pipeline
 import report
 from planner import parse_split
 from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
-from roles import logs
+from roles import Role, logs
 from roles.engine import ENGINE_OVERHEAD_MB
-from roles.genrm import JUDGE_KINDS, PARSE_RULES, GenRM, fill_template
+from roles.judge import JUDGE_KINDS, PARSE_RULES, Judge, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # model
     p.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
-    p.add_argument("--genrm", default=str(HERE / "models/arith-genrm"), help="HF directory of the judge")
+    p.add_argument("--judge-model", default=str(HERE / "models/arith-genrm"), help="HF directory of the judge")
     p.add_argument("--judge-template", default=str(HERE / "tasks/judge_arith.txt"),
                    help="text file with {prompt}, {response} and optionally {reference}; {rubric} for a rubric judge")
     p.add_argument("--max-model-len", type=int, default=256,
@@ -147,10 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
                    help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
     # reward
-    p.add_argument("--reward", default="genrm=1",
-                   help="the reward's sources with a coefficient each, summed: genrm (the judge), exact (1 if the "
+    p.add_argument("--reward", default="judge=1",
+                   help="the reward's sources with a coefficient each, summed: judge (the judge's score), exact (1 if the "
                         "answer after --answer-marker equals the reference, else 0), overlong (DAPO's penalty, "
-                        "0 down to -1 over the last --overlong-buffer tokens), e.g. genrm=1,exact=1,overlong=1")
+                        "0 down to -1 over the last --overlong-buffer tokens), e.g. judge=1,exact=1,overlong=1")
     p.add_argument("--overlong-buffer", type=int, default=0,
                    help="with overlong in --reward: the tokens before --max-response-tokens over which the "
                         "penalty falls from 0 to -1 (DAPO uses a fifth of the budget)")
@@ -188,14 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colocated: every rank rolls out, then judges, then trains; disaggregated: a fixed "
                         "--split of ranks per role; pivot: the planner moves ranks between roles as the step runs")
     p.add_argument("--split", default=None,
-                   help="disaggregated: ranks per role in rank order, e.g. rollout=2,genrm=1,train=1")
+                   help="disaggregated: ranks per role in rank order, e.g. rollout=2,judge=1,train=1")
     p.add_argument("--force-shifts", type=int, default=None, metavar="SEED",
                    help="replace the plan by a seeded random schedule of moves between engine steps, to "
                         "exercise sequence migration and role shifts on your own setup")
     p.add_argument("--force-shift-rate", type=float, default=0.2,
                    help="with --force-shifts, the chance of a move at each engine step")
     p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine, MiB")
-    p.add_argument("--genrm-kv-cache-mb", type=int, default=None,
+    p.add_argument("--judge-kv-cache-mb", type=int, default=None,
                    help="KV cache of the judge's engine, MiB (default: --kv-cache-mb); on GPU it stays on the "
                         "device for the whole run, beside whatever the rank does")
     p.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
@@ -269,7 +270,7 @@ NUMBER_RULES = [
     ("max_bad_steps", lambda v: v >= 1, "at least 1 (skipped optimizer steps in a row that stop the run)"),
     ("force_shift_rate", lambda v: 0 <= v <= 1, "in [0, 1]: the chance of a forced move at each engine step"),
     ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the policy engine's KV cache)"),
-    ("genrm_kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the judge engine's KV cache; unset: --kv-cache-mb)"),
+    ("judge_kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the judge engine's KV cache; unset: --kv-cache-mb)"),
     ("engine_overhead_mb", lambda v: v >= 0, "0 or more (MiB an engine takes on a GPU beyond weights and KV cache)"),
     ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
     ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
@@ -286,9 +287,10 @@ NUMBER_RULES = [
 
 def check_config(args) -> str:
     """Template text, after every check that can fail before anything is built."""
-    for flag in ("policy", "genrm"):
+    for flag in ("policy", "judge_model"):
         if not (Path(getattr(args, flag)) / "config.json").is_file():
-            sys.exit(f"--{flag} {getattr(args, flag)}: no config.json there; pass a Hugging Face model directory")
+            sys.exit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: no config.json there; pass a Hugging Face "
+                     f"model directory")
     for flag, holds, rule in NUMBER_RULES:
         value = getattr(args, flag)
         if value is not None and not (math.isfinite(value) and holds(value)):
@@ -316,12 +318,12 @@ def check_config(args) -> str:
         sys.exit(f"--judge-template {args.judge_template}: {e.strerror}")
     if args.placement == "disaggregated":
         if not args.split:
-            sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,genrm=1,train=1")
+            sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,judge=1,train=1")
         try:
             roles = parse_split(args.split, args.world_size if args.dry_run else int(os.environ.get("WORLD_SIZE", "1")))
         except ValueError as e:
             sys.exit(str(e))
-        if "train" not in roles:
+        if Role.TRAIN not in roles:
             sys.exit(f"--split {args.split} has no train rank: add train=1 (disaggregated needs 3 ranks or more)")
     elif args.split:
         sys.exit(f"--split applies to --placement disaggregated only (this run is {args.placement})")
@@ -380,7 +382,7 @@ def adam_betas(text: str) -> tuple[float, float]:
 
 
 def load_tokenizer(args, flag: str):
-    """The tokenizer of --policy or --genrm, after reading the model's config: an unreadable directory
+    """The tokenizer of --policy or --judge-model, after reading the model's config: an unreadable directory
     fails here, before any work, rather than deep inside an engine."""
     from transformers import AutoConfig, AutoTokenizer
     path = getattr(args, flag)
@@ -389,28 +391,28 @@ def load_tokenizer(args, flag: str):
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        sys.exit(f"--{flag} {path}: cannot read it as a Hugging Face model ({reason}); pass a directory with its "
+        sys.exit(f"--{flag.replace('_', '-')} {path}: cannot read it as a Hugging Face model ({reason}); pass a directory with its "
                  f"config.json, tokenizer files and weights as save_pretrained writes them")
 
 
-def check_tokenizers(args, template: str, policy_tok, genrm_tok) -> None:
+def check_tokenizers(args, template: str, policy_tok, judge_tok) -> None:
     """The judge's tokenizer must be able to write its template's text and the final line the parser
     reads, and end a critique; the policy's must be able to write --answer-marker."""
-    if genrm_tok.eos_token_id is None:
-        sys.exit(f"--genrm {args.genrm}: its tokenizer has no end-of-sequence token, so every critique would run "
-                 f"to --max-critique-tokens: set eos_token in its tokenizer_config.json")
+    if judge_tok.eos_token_id is None:
+        sys.exit(f"--judge-model {args.judge_model}: its tokenizer has no end-of-sequence token, so every critique "
+                 f"would run to --max-critique-tokens: set eos_token in its tokenizer_config.json")
     final = "score: 10" if args.judge_kind == "rubric" else "verdict: correct verdict: wrong"
     literal = "".join(text for text, *_ in string.Formatter().parse(template))
-    for tok, flag, what, text in ((genrm_tok, "--genrm", f"--judge-template {args.judge_template}", literal),
-                                  (genrm_tok, "--genrm", f"the {args.judge_kind} line the parser reads", final),
+    for tok, flag, what, text in ((judge_tok, "--judge-model", f"--judge-template {args.judge_template}", literal),
+                                  (judge_tok, "--judge-model", f"the {args.judge_kind} line the parser reads", final),
                                   (policy_tok, "--policy", "--answer-marker", args.answer_marker)):
         lost = [c for c in sorted(set(text)) if c not in tok.decode(tok(c, add_special_tokens=False).input_ids)]
         if lost:
-            sys.exit(f"{flag} {getattr(args, flag[2:])}: its tokenizer cannot write {' '.join(map(repr, lost))} of "
-                     f"{what}: rewrite it without them, or use a tokenizer that has them")
+            sys.exit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its tokenizer cannot write "
+                     f"{' '.join(map(repr, lost))} of {what}: rewrite it without them, or use a tokenizer that has them")
 
 
-def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], list[dict], dict]:
+def load_data(args, template: str, policy_tok, judge_tok) -> tuple[list[dict], list[dict], dict]:
     """Training and evaluation records that fit the length limit, tokenized, and what was left out."""
     try:
         train_set = load_records(args.data)
@@ -432,7 +434,7 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
                      f"{missing} records have none: add one to every record, or leave {source} out of --reward")
 
     def judge_ids(r):  # the judge's prompt for r, with an empty response
-        return encode_prompt(genrm_tok, fill_template(template, r["prompt"], "", r["reference"], r["rubric"]))
+        return encode_prompt(judge_tok, fill_template(template, r["prompt"], "", r["reference"], r["rubric"]))
 
     limits = dict(max_model_len=args.max_model_len, response_tokens=args.max_response_tokens,
                   critique_tokens=args.max_critique_tokens)
@@ -444,7 +446,7 @@ def load_data(args, template: str, policy_tok, genrm_tok) -> tuple[list[dict], l
     info = {"train_prompts": len(train_fit), "train_prompts_too_long": train_long,
             "eval_prompts": min(len(eval_fit), args.eval_prompts), "eval_prompts_too_long": eval_long,
             "policy_chat_template": bool(policy_tok.chat_template),
-            "genrm_chat_template": bool(genrm_tok.chat_template)}
+            "judge_chat_template": bool(judge_tok.chat_template)}
     return train_fit, eval_fit[:args.eval_prompts], info
 
 
@@ -452,9 +454,9 @@ def main(argv=None):
     args = parse_args(argv)
     logs.configure(args.verbose)
     template = check_config(args)
-    policy_tok, genrm_tok = load_tokenizer(args, "policy"), load_tokenizer(args, "genrm")
-    check_tokenizers(args, template, policy_tok, genrm_tok)
-    train_set, eval_set, data_info = load_data(args, template, policy_tok, genrm_tok)
+    policy_tok, judge_tok = load_tokenizer(args, "policy"), load_tokenizer(args, "judge_model")
+    check_tokenizers(args, template, policy_tok, judge_tok)
+    train_set, eval_set, data_info = load_data(args, template, policy_tok, judge_tok)
     if args.dry_run:
         import dryrun
         print(data_line(data_info, args))
@@ -493,15 +495,15 @@ def main(argv=None):
     if resume:
         checkpoint.restore(d, resume, train_state)
     train_state.publish_weights(storage, version=start)
-    genrm_storage = checkpoint_storage(d, "genrm", args.genrm, dtype)
+    judge_storage = checkpoint_storage(d, Role.JUDGE, args.judge_model, dtype)
     # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
     # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs
     # and several nodes").
     engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20)
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=args.kv_cache_mb << 20, sleep_mode=True, **engines)
-    genrm = GenRM(args.genrm, genrm_tok, template, seed=args.seed, max_model_len=args.max_model_len,
-                  kv_cache_bytes=(args.genrm_kv_cache_mb or args.kv_cache_mb) << 20,
+    judge = Judge(args.judge_model, judge_tok, template, seed=args.seed, max_model_len=args.max_model_len,
+                  kv_cache_bytes=(args.judge_kv_cache_mb or args.kv_cache_mb) << 20,
                   max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
                   encode_prompt=encode_prompt, judge_kind=args.judge_kind, recipe=reward_recipe(args),
                   lengths=longtail.lengths(args.workload, args.seed, longtail.CRITIQUE, args.max_critique_tokens),
@@ -515,8 +517,8 @@ def main(argv=None):
                  clip_eps_high=args.clip_eps_high, lr_warmup_steps=args.lr_warmup_steps, loss_agg=args.loss_agg,
                  rollout_is=args.rollout_is, rollout_is_threshold=args.rollout_is_threshold)
     timeline = Timeline(d, out)
-    context = RoleContext(d, placement.start_roles(), policy=storage, genrm=genrm_storage,
-                          train_state=train_state, rollout_engine=rollout_engine.engine, genrm_engine=genrm.engine,
+    context = RoleContext(d, placement.start_roles(), policy=storage, judge=judge_storage,
+                          train_state=train_state, rollout_engine=rollout_engine.engine, judge_engine=judge.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper),
                           observer=timeline)
     board = tensorboard_writer(d, out, args)
@@ -548,7 +550,7 @@ def main(argv=None):
         nonlocal position, carried
         ahead = prompts(step, later=1) if run_ahead and train_pool is not None else None
         samples, early, generation, carried = rollout_and_judge(
-            d, context, prompts(step), rollout_engine, genrm, placement, step, timeline, args, train_pool=train_pool,
+            d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, train_pool=train_pool,
             skipped_in_row=skipped_in_row, ahead=ahead, carried=carried)
         position += len(samples) // args.group_size  # every prompt drawn yields G samples
         return samples, early, generation
@@ -557,7 +559,7 @@ def main(argv=None):
         timeline.begin_step(step)
         record, startup = {"step": step, **startup}, {}
         if step % args.eval_every == 0 or step == args.steps:
-            record.update(evaluate(d, context, rollout_engine, genrm, eval_set, args, step))
+            record.update(evaluate(d, context, rollout_engine, judge, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
             log_step(d, out, record, board, args.steps, clock)
             break
@@ -594,9 +596,9 @@ def main(argv=None):
     if d.rank == 0:
         board.close()
         report.finish(out)
-    for held in (storage, genrm_storage, train_state):
+    for held in (storage, judge_storage, train_state):
         held.close()
-    context = rollout_engine = genrm = None  # the engines must go before the process group they use
+    context = rollout_engine = judge = None  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed(d)
 
@@ -615,7 +617,7 @@ def data_position(resume: dict | None, start: int, pending: int, args) -> int:
 
 
 # What the steps rolled out before the first update (--max-staleness K > 0) add to its record.
-FILL_COUNTS = ("genrm_requests", "genrm_parse_failures", "migrated_sequences", "migration_prefill_tokens",
+FILL_COUNTS = ("judge_requests", "judge_parse_failures", "migrated_sequences", "migration_prefill_tokens",
                "rollout_judge_s", "rounds")
 
 
@@ -641,7 +643,7 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
     return samples, samples if pool is None else pool, early, generation
 
 
-def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement, step, timeline, args, *,
+def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement, step, timeline, args, *,
                       train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                       ahead: list[dict] | None = None, carried: StepQueues | None = None):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
@@ -657,12 +659,12 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
     ahead = ahead if early_train else None
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
                         train_per_s=placement.train_per_s, train_pool=train_pool,
-                        skipped_in_row=skipped_in_row, version=context.storage["rollout"].version,
+                        skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
-                                         genrm=genrm, capacity=args.max_seqs,
+                                         judge=judge, capacity=args.max_seqs,
                                          seed=args.seed if args.force_shifts is None else args.force_shifts,
                                          step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
@@ -679,7 +681,7 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, genrm, placement,
     figures = {"shifts": shifts, "migrated_sequences": migrated,
                "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
-               "genrm_parse_failures": failures, "genrm_requests": judged,
+               "judge_parse_failures": failures, "judge_requests": judged,
                "reloaded_sequences": reloaded, "ran_ahead_samples": ran_ahead, **engines}
     return samples, early, figures, queues.ahead if queues else None
 
@@ -723,7 +725,7 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     stats = early["update"]
     if stats is None and context.trainer is not None:
         start = time.perf_counter()
-        with timeline.busy("train"):
+        with timeline.busy(Role.TRAIN):
             stats = context.trainer.train_step(minibatches, early if early["groups"] else None, skipped_in_row)
         # Prompt and response tokens per second per train rank: what sizes early training's shares.
         tokens = sum(len(s.prompt_ids) + len(s.response_ids) for mb in minibatches for s in mb)
@@ -757,25 +759,25 @@ def publish_and_reload(context: RoleContext, storage: ParameterStorage, placemen
     return context.apply(placement.start_roles())
 
 
-def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: list[dict], args, step: int) -> dict:
+def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: list[dict], args, step: int) -> dict:
     """Greedy answers on the held-out prompts, checked against their references, and how often the
     judge's verdict agrees with that check; with --eval-samples K, also avg@K of K answers sampled at
     --temperature. Every rank answers, then every rank judges, each in that role (on GPU the other
     engine is asleep); the ranks then go back to the roles they held."""
     held = list(context.roles)
-    shifts = context.apply(["rollout"] * d.world_size)
+    shifts = context.apply([Role.ROLLOUT] * d.world_size)
     mine = list(range(d.rank, len(eval_set), d.world_size))
     responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
     accuracy = sampled_accuracy(d, engine, eval_set, mine, args)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
-    shifts += context.apply(["genrm"] * d.world_size)
-    genrm.judge(samples, step)
+    shifts += context.apply([Role.JUDGE] * d.world_size)
+    judge.judge(samples, step)
     shifts += context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
     rows = [(matches_reference(s.response, s.reference, args.answer_marker),
-             None if (reward := genrm.parse(s.critique)) is None else reward >= 0.5) for s in samples]
+             None if (reward := judge.parse(s.critique)) is None else reward >= 0.5) for s in samples]
     shards = [None] * d.world_size
     dist.all_gather_object(shards, rows, group=d.control)
     rows = [r for shard in shards for r in shard]
@@ -786,8 +788,8 @@ def evaluate(d: Dist, context, engine: RolloutEngine, genrm: GenRM, eval_set: li
         key = "judge_unparsed" if verdict is None else f"judge_{'correct' if verdict else 'wrong'}_{ref}"
         confusion[key] += 1
     agree = confusion["judge_correct_ref_correct"] + confusion["judge_wrong_ref_wrong"]
-    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), **accuracy, "genrm_agreement": agree / len(rows),
-            "genrm_confusion": confusion, "eval_shifts": shifts}
+    return {"eval_accuracy": sum(c for c, _ in rows) / len(rows), **accuracy, "judge_agreement": agree / len(rows),
+            "judge_confusion": confusion, "eval_shifts": shifts}
 
 
 def sampled_accuracy(d: Dist, engine: RolloutEngine, eval_set: list[dict], mine: list[int], args) -> dict:
@@ -814,15 +816,15 @@ def avg_at_k(answers: list[tuple[str | None, list[str]]], marker: str) -> float:
 def step_metrics(samples: list[Sample], stats: dict, seconds: float, args) -> dict:
     response_tokens = sum(len(s.response_ids) for s in samples)
     checked = [s for s in samples if s.reference is not None]
-    agree = sum(not s.parse_failed and (s.scores["genrm"] == 1.0) == matches_reference(s.response, s.reference,
+    agree = sum(not s.parse_failed and (s.scores[Role.JUDGE] == 1.0) == matches_reference(s.response, s.reference,
                                                                                          args.answer_marker)
                 for s in checked)
     return {"samples": len(samples), "reward_mean": sum(s.reward for s in samples) / len(samples),
             "reward_sources": {name: sum(s.scores[name] for s in samples) / len(samples) for name in samples[0].scores},
             "response_tokens_mean": response_tokens / len(samples), "step_time_s": seconds,
             "samples_per_s": len(samples) / seconds, "tokens_per_s": response_tokens / seconds,
-            "genrm_parse_unresolved": sum(s.parse_failed for s in samples),
-            "genrm_agreement_train": agree / len(checked) if checked else None,
+            "judge_parse_unresolved": sum(s.parse_failed for s in samples),
+            "judge_agreement_train": agree / len(checked) if checked else None,
             "shifts": [], **stats}
 
 
@@ -868,7 +870,7 @@ def data_line(info: dict, args) -> str:
     return (f"data: {info['train_prompts']} training prompts, {info['eval_prompts']} held-out; over --max-model-len "
             f"{args.max_model_len} and left out: {info['train_prompts_too_long']} training, "
             f"{info['eval_prompts_too_long']} held-out; chat template: policy {chat[info['policy_chat_template']]}, "
-            f"genrm {chat[info['genrm_chat_template']]}")
+            f"judge {chat[info['judge_chat_template']]}")
 
 
 def tensorboard_writer(d: Dist, out: Path, args):

@@ -9,7 +9,7 @@ The model behind a decision (one step of synchronous GRPO, the three roles in a 
            + per_seq x tokens / k  (+ prefill): in the tail the first term dominates and does not
            shrink with k; the ranks it keeps there are mostly paying the weights' read for a few
            sequences. That is the time a move buys back.
-  genrm    judges responses as they finish; whatever its ranks have not judged when rollout ends,
+  judge    judges responses as they finish; whatever its ranks have not judged when rollout ends,
            they judge together with the rollout ranks, which come over then (paying the shift).
   train    the update on judged groups: on every rank at the end of the step, and, when the caller
            allows early training, on the train ranks as groups complete (credited only with the
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from roles import ENGINE_ROLES, ROLES
+from roles import ENGINE_ROLES, ROLES, Role
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class EngineSpeed:
 @dataclass(frozen=True)
 class Speeds:
     rollout: EngineSpeed
-    genrm: EngineSpeed
+    judge: EngineSpeed
     train_per_s: float  # tokens per second per train rank, forward and backward
 
 
@@ -106,13 +106,13 @@ def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, s
         # update). Before that, as many go as the waiting responses fill, and sequences still rolling
         # out keep a rank: finish_seconds may see no gain (it has the judge drain its queue during
         # rollout's tail), but a queue that waits is judge work that idle ranks could be doing.
-        idle = [i for i, r in enumerate(ranks) if r.role == "rollout" and not r.in_flight_tokens]
+        idle = [i for i, r in enumerate(ranks) if r.role == Role.ROLLOUT and not r.in_flight_tokens]
         if work.rollout_seqs:
-            busy = sum(r.role == "rollout" for r in ranks) - len(idle)
-            idle = idle[:min(-(-waiting // speeds.genrm.max_seqs), len(idle) - (0 if busy else 1))]
+            busy = sum(r.role == Role.ROLLOUT for r in ranks) - len(idle)
+            idle = idle[:min(-(-waiting // speeds.judge.max_seqs), len(idle) - (0 if busy else 1))]
         for i in idle:
-            moves.append(Move(i, "rollout", "genrm"))
-            ranks[i] = replace(ranks[i], role="genrm", since_shift_s=0.0)
+            moves.append(Move(i, Role.ROLLOUT, Role.JUDGE))
+            ranks[i] = replace(ranks[i], role=Role.JUDGE, since_shift_s=0.0)
     # Each pass moves ranks that then may not move again (dwell), so this ends.
     while (best := _best_move(ranks, work, speeds, costs, config)) is not None:
         moving, dst = best
@@ -135,31 +135,31 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     """Predicted seconds until the step's update is done with `counts` ranks per role now, if rollout
     ranks join the judge when rollout ends and every rank trains once judging ends (what the train ranks
     have not trained by then; with `work.update_early`, nothing when they have trained it all)."""
-    r, g, t = counts.get("rollout", 0), counts.get("genrm", 0), counts.get("train", 0) if early_train else 0
+    r, g, t = counts.get(Role.ROLLOUT, 0), counts.get(Role.JUDGE, 0), counts.get(Role.TRAIN, 0) if early_train else 0
     n = sum(counts.values())
     rollout = engine_seconds(speeds.rollout, r, work.rollout_seqs, work.rollout_tokens, work.rollout_longest,
                              work.rollout_prefill)
     judge = rollout
     seqs, tokens, prefill = _judge_work(work)
     if seqs:
-        need = engine_seconds(speeds.genrm, 1, seqs, tokens, 0.0, prefill)  # rank-seconds at full batch
+        need = engine_seconds(speeds.judge, 1, seqs, tokens, 0.0, prefill)  # rank-seconds at full batch
         left = need - min(need, g * rollout)
         joining = n - t - g if work.rollout_seqs else 0
         if g + joining == 0:
             return math.inf
-        last = _one_critique(speeds.genrm, work.critique_tokens) if work.rollout_seqs else 0.0
-        longest = _one_critique(speeds.genrm, work.judge_longest) + (0.0 if g else rollout)
+        last = _one_critique(speeds.judge, work.critique_tokens) if work.rollout_seqs else 0.0
+        longest = _one_critique(speeds.judge, work.judge_longest) + (0.0 if g else rollout)
         judge = max(rollout + last, longest,
-                    rollout + (left + joining * costs[("rollout", "genrm")]) / (g + joining))
+                    rollout + (left + joining * costs[(Role.ROLLOUT, Role.JUDGE)]) / (g + joining))
     need = work.train_tokens / speeds.train_per_s
     # Early train ranks can only work through groups already judged: in a long tail most groups
     # complete near the end, so counting on those still to come would park ranks in train idle.
     left = need - min(need, t * judge, work.train_ready / speeds.train_per_s)
     if work.update_early and not left:  # the train ranks are through (or were) before the last critique
         return judge
-    to_train = costs[("genrm", "train")] * (n - t)
+    to_train = costs[(Role.JUDGE, Role.TRAIN)] * (n - t)
     if 0 < t < n:  # an early train group is made anew at the update, with every rank: a reshard all wait for
-        to_train += costs.get(("train", "train"), 0.0) * n
+        to_train += costs.get((Role.TRAIN, Role.TRAIN), 0.0) * n
     return judge + (left + to_train) / n
 
 
@@ -197,7 +197,7 @@ def _judge_waiting(work: Work) -> int:
 
 def _has_work(role: str, work: Work) -> bool:
     """Work the role can do now (judge work to come does not count: rollout ranks take it later)."""
-    return {"rollout": work.rollout_seqs > 0, "genrm": work.judge_seqs > 0, "train": False}[role]
+    return {Role.ROLLOUT: work.rollout_seqs > 0, Role.JUDGE: work.judge_seqs > 0, Role.TRAIN: False}[role]
 
 
 def _starved(ranks: list[Rank], work: Work) -> list[str]:
@@ -243,8 +243,8 @@ def _destinations(src: str, work: Work, config: PlannerConfig) -> list[str]:
     for a rollout engine (an arriving rank is handed queued work, never a share of what runs
     elsewhere), the judge only with responses to judge (one sent ahead of them would idle until they
     come), train only with judged groups."""
-    dsts = (["rollout"] if work.rollout_prefill > 0 else []) + (["genrm"] if work.judge_seqs else []) + \
-        (["train"] if config.early_train and work.train_ready > 0 else [])
+    dsts = ([Role.ROLLOUT] if work.rollout_prefill > 0 else []) + ([Role.JUDGE] if work.judge_seqs else []) + \
+        ([Role.TRAIN] if config.early_train and work.train_ready > 0 else [])
     return [d for d in dsts if d != src]
 
 
@@ -252,7 +252,7 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
     """Seconds a move saves beyond (1 + margin) x its cost; positive when it pays."""
     after = _working([replace(r, role=dst, in_flight_tokens=0) if i in moving else r for i, r in enumerate(ranks)],
                      work)
-    if 0 < after["train"] < config.min_train_ranks:  # a train group too small to hold the training state
+    if 0 < after[Role.TRAIN] < config.min_train_ranks:  # a train group too small to hold the training state
         return -math.inf
     saved = now - finish_seconds(work, after, speeds, costs, config.early_train)
     migrated = sum(ranks[i].in_flight_tokens for i in moving)
@@ -260,10 +260,10 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
         return -math.inf  # its sequences would have no rank left to resume on
     prefill = 0.0
     if migrated:
-        speed = speeds.rollout if src == "rollout" else speeds.genrm
+        speed = speeds.rollout if src == Role.ROLLOUT else speeds.judge
         prefill = migrated / (speed.prefill_per_s * after[src])
     # A move into or out of a train group that holds the state saves it, and every rank waits for that.
-    regroup = costs.get(("train", "train"), 0.0) if "train" in (src, dst) and counts["train"] else 0.0
+    regroup = costs.get((Role.TRAIN, Role.TRAIN), 0.0) if Role.TRAIN in (src, dst) and counts[Role.TRAIN] else 0.0
     return saved - (1 + config.margin) * (costs[(src, dst)] + prefill + regroup)
 
 
@@ -284,7 +284,7 @@ def _working(ranks: list[Rank], work: Work) -> dict[str, int]:
 
 
 def _can_get_work(role: str, work: Work) -> bool:
-    if role == "rollout":
+    if role == Role.ROLLOUT:
         return work.rollout_prefill > 0
     return work.judge_prefill > 0 or work.rollout_seqs > 0
 
@@ -345,7 +345,7 @@ class LengthEstimate:
 
 
 def parse_split(text: str, world_size: int) -> list[str]:
-    """--split rollout=2,genrm=1,train=1 -> each rank's role, in blocks (rollout ranks first)."""
+    """--split rollout=2,judge=1,train=1 -> each rank's role, in blocks (rollout ranks first)."""
     counts = {}
     for part in text.split(","):
         role, _, n = part.partition("=")
@@ -355,7 +355,7 @@ def parse_split(text: str, world_size: int) -> list[str]:
         if not n.strip().isdigit():
             raise ValueError(f"--split {text}: {part!r} needs a whole number of ranks, e.g. {role}=1")
         counts[role] = counts.get(role, 0) + int(n)
-    for role in ("rollout", "genrm"):
+    for role in (Role.ROLLOUT, Role.JUDGE):
         if counts.get(role, 0) < 1:
             raise ValueError(f"--split {text}: {role} needs at least one rank, e.g. add {role}=1")
     total = sum(counts.values())
@@ -371,7 +371,7 @@ class LoopPlanner:
     the planner needs across rounds: a fit of each engine's step time, measured by the ranks, and each
     rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here).
 
-    It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["genrm"]` (Requests:
+    It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
     prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
     in all), `train_pool` (None unless the update trains an earlier step's samples), `round_s` (the last
     round's seconds) and `reports`, the last
@@ -385,7 +385,7 @@ class LoopPlanner:
         self.speeds, self.costs, self.config = speeds, costs, config
         self.lengths, self.critiques = lengths, critiques
         self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
-                     for role, s in (("rollout", speeds.rollout), ("genrm", speeds.genrm))}
+                     for role, s in ((Role.ROLLOUT, speeds.rollout), (Role.JUDGE, speeds.judge))}
         self.since: list[float] | None = None
 
     def __call__(self, roles: list[str], queues, rng=None) -> list[str]:
@@ -426,16 +426,16 @@ class LoopPlanner:
 
     def work(self, queues) -> Work:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
-        rolling = [g for role, g in running if role == "rollout"] + [len(r.generated) for r in queues.queue["rollout"]]
+        rolling = [g for role, g in running if role == Role.ROLLOUT] + [len(r.generated) for r in queues.queue[Role.ROLLOUT]]
         prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()
         coming = len(rolling) if queues.train_pool is None else 0
         return step_work(
-            rolling=rolling, judging=[g for role, g in running if role == "genrm"],
-            rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue["rollout"]),
-            judge_waiting=len(queues.queue["genrm"]), judge_prefill=sum(len(r.prompt_ids) for r in queues.queue["genrm"]),
+            rolling=rolling, judging=[g for role, g in running if role == Role.JUDGE],
+            rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue[Role.ROLLOUT]),
+            judge_waiting=len(queues.queue[Role.JUDGE]), judge_prefill=sum(len(r.prompt_ids) for r in queues.queue[Role.JUDGE]),
             judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready,
             train_tokens=done_tokens + coming * (prompt + self.lengths.mean()),
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)

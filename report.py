@@ -10,7 +10,7 @@ PANELS = [
      [("reward_mean", "each step", ".-"), ("reward_mean/5", "mean of the last 5 steps", "-")], True),
     ("held-out accuracy", "greedy answers right", [("eval_accuracy", "greedy", "o-")], True),
     ("judge agreement with the reference check", "fraction of samples",
-     [("genrm_agreement_train", "step's samples", ".-"), ("genrm_agreement", "held-out answers", "o-")], True),
+     [("judge_agreement_train", "step's samples", ".-"), ("judge_agreement", "held-out answers", "o-")], True),
     ("throughput", "samples per second", [("samples_per_s", "samples/s", ".-")], False),
 ]
 
@@ -41,17 +41,17 @@ def step_line(record: dict, steps: int, elapsed_s: float, eta_s: float) -> str:
         kept = record["filter_groups"]
         parts.insert(2, f"groups trained {kept['trained']}/{kept['prompts_drawn']}"
                         + (", at --filter-groups-max-prompts" if kept["capped"] else ""))
-    if record["genrm_parse_failures"]:
-        parts.append(f"judge outputs unparsed {record['genrm_parse_failures']}")
+    if record["judge_parse_failures"]:
+        parts.append(f"judge outputs unparsed {record['judge_parse_failures']}")
     return " | ".join(parts)
 
 
 def eval_line(record: dict) -> str:
     """An evaluation of the weights after `step` updates: greedy accuracy, avg@k with --eval-samples k."""
-    prompts = sum(record["genrm_confusion"].values())
+    prompts = sum(record["judge_confusion"].values())
     sampled = "".join(f" | {key.removeprefix('eval_accuracy_')} {record[key]:.3f}" for key in avg_keys([record]))
     return (f"eval at step {record['step']} | accuracy {record['eval_accuracy']:.3f}{sampled} | judge agreement "
-            f"{record['genrm_agreement']:.3f} | {prompts} held-out prompts")
+            f"{record['judge_agreement']:.3f} | {prompts} held-out prompts")
 
 
 def avg_keys(records: list[dict]) -> list[str]:
@@ -133,7 +133,7 @@ def summary(out: Path, records: list[dict]) -> list[str]:
                      f"{last['eval_accuracy']:.3f} at step {last['step']}, "
                      + "".join(f"{key.removeprefix('eval_accuracy_')} {first[key]:.3f} -> {last[key]:.3f}, "
                                for key in avg_keys([first, last]) if key in first and key in last)
-                     + f"judge agreement {last['genrm_agreement']:.3f}")
+                     + f"judge agreement {last['judge_agreement']:.3f}")
     files = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not p.name.startswith("."))
     lines.append(f"files in {out}: {' '.join(files)}")
     return lines

@@ -1,6 +1,6 @@
-"""A sample's reward from several sources, each with a coefficient (`--reward genrm=1,exact=1,overlong=1`):
+"""A sample's reward from several sources, each with a coefficient (`--reward judge=1,exact=1,overlong=1`):
 
-- genrm: the judge's verdict or rubric score (roles/genrm.py), in [0, 1]; the default, alone;
+- judge: the judge's verdict or rubric score (roles/judge.py), in [0, 1]; the default, alone;
 - exact: 1 if the answer after the last --answer-marker equals the record's reference, else 0;
 - overlong: DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13): 0 up to
   --max-response-tokens minus --overlong-buffer tokens, then down linearly to -1 at --max-response-tokens.
@@ -10,12 +10,14 @@ sample (`Sample.scores`). Pure: the one place a verdict becomes a reward (`Verdi
 """
 from dataclasses import dataclass
 
-SOURCES = ("genrm", "exact", "overlong")
+from roles import Role
+
+SOURCES = (Role.JUDGE, "exact", "overlong")
 NEEDS_REFERENCE = ("exact",)
 
 
 def parse_reward(text: str) -> tuple[tuple[str, float], ...]:
-    """`genrm=1,exact=0.5` -> (("genrm", 1.0), ("exact", 0.5)); ValueError says what to change."""
+    """`judge=1,exact=0.5` -> (("judge", 1.0), ("exact", 0.5)); ValueError says what to change."""
     pairs = []
     for part in text.split(","):
         name, _, value = part.partition("=")
@@ -63,17 +65,17 @@ def overlong_score(length: int, max_tokens: int, buffer: int) -> float:
 class Recipe:
     """The sources of the reward and what their rules need (`--reward`, `--answer-marker`,
     `--max-response-tokens`, `--overlong-buffer`)."""
-    coefficients: tuple[tuple[str, float], ...] = (("genrm", 1.0),)
+    coefficients: tuple[tuple[str, float], ...] = ((Role.JUDGE, 1.0),)
     answer_marker: str = ">"
     max_response_tokens: int = 0
     overlong_buffer: int = 0
 
-    def scores(self, response: str, response_tokens: int, reference: str | None, genrm: float) -> dict[str, float]:
+    def scores(self, response: str, response_tokens: int, reference: str | None, judge: float) -> dict[str, float]:
         """Each source's score of one response: the judge's always (it judges every response, and its
         agreement with the reference is measured), and each rule's in the recipe."""
         rules = {"exact": lambda: exact_score(response, reference, self.answer_marker),
                  "overlong": lambda: overlong_score(response_tokens, self.max_response_tokens, self.overlong_buffer)}
-        return {"genrm": genrm, **{name: rules[name]() for name, _ in self.coefficients if name != "genrm"}}
+        return {Role.JUDGE: judge, **{name: rules[name]() for name, _ in self.coefficients if name != Role.JUDGE}}
 
     def reward(self, scores: dict[str, float]) -> float:
         return sum(coefficient * scores[name] for name, coefficient in self.coefficients)

@@ -1,6 +1,6 @@
 """Global Parameter Storage: the one place every role loads its weights and training state from.
 
-Per node, each stored thing (the policy's published weights, the GenRM's weights, the policy's training
+Per node, each stored thing (the policy's published weights, the judge's weights, the policy's training
 state) is one flat buffer in host shared memory (/dev/shm) holding its latest version, so a node keeps
 one copy however many ranks it runs. Every node holds its own replica: a sharded publish sends each
 rank's rows to the other nodes once, over the tensor backend, from the rank that wrote them. The file is
@@ -299,7 +299,7 @@ def import_cuda(handle) -> torch.Tensor:
 
 
 def checkpoint_storage(d: Dist, model: str, model_dir: str, dtype: torch.dtype) -> ParameterStorage:
-    """A storage holding a Hugging Face checkpoint's weights as version 0 (a frozen GenRM, for one).
+    """A storage holding a Hugging Face checkpoint's weights as version 0 (a frozen judge, for one).
     Every rank reads the names and shapes; each node's writer reads the tensors."""
     from safetensors import safe_open
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))

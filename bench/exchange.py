@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import planner  # noqa: E402
-from roles import ROLES  # noqa: E402
+from roles import ROLES, Role  # noqa: E402
 
 # A rollout rank's report in the middle of a step: 64 sequences in flight, 25 engine steps, a few finished
 # responses (ids, logprobs) and their judge requests; its orders: every rank's role and a few requests.
@@ -34,13 +34,13 @@ IN_FLIGHT, STEPS, FINISHED, TOKENS = 64, 25, 4, 2048
 
 def report() -> dict:
     response = {"prompt_ids": [1] * 256, "response_ids": [2] * TOKENS, "logprobs": [-0.5] * TOKENS}
-    return {"role": "rollout", "responses": [(response, {"prompt_ids": [3] * (256 + TOKENS)})] * FINISHED,
+    return {"role": Role.ROLLOUT, "responses": [(response, {"prompt_ids": [3] * (256 + TOKENS)})] * FINISHED,
             "verdicts": [], "exported": [], "generated": [TOKENS] * IN_FLIGHT,
             "in_flight_tokens": IN_FLIGHT * (256 + TOKENS), "steps": [(IN_FLIGHT, 0.02, 0)] * STEPS}
 
 
 def orders(world: int) -> dict:
-    return {"roles": ["rollout"] * world, "work": [{"prompt_ids": [1] * 256, "max_tokens": 20480}] * FINISHED,
+    return {"roles": [Role.ROLLOUT] * world, "work": [{"prompt_ids": [1] * 256, "max_tokens": 20480}] * FINISHED,
             "rounds": (None, 0.5, True)}
 
 
@@ -88,8 +88,8 @@ def plan_seconds(ranks: int, repeats: int = 30) -> float:
                         judge_seqs=ranks * 20, judge_tokens=ranks * 20 * 400.0, judge_prefill=ranks * 10 * 5000.0,
                         critique_tokens=400, judge_prompt_tokens=5000, train_ready=ranks * 5000.0,
                         train_tokens=ranks * 80 * 5000.0)
-    roles = ["rollout"] * (ranks // 2) + ["genrm"] * (ranks - ranks // 2)
-    state = [planner.Rank(role, 4 * 5000 if role == "rollout" else 20 * 5000, 100.0) for role in roles]
+    roles = [Role.ROLLOUT] * (ranks // 2) + [Role.JUDGE] * (ranks - ranks // 2)
+    state = [planner.Rank(role, 4 * 5000 if role == Role.ROLLOUT else 20 * 5000, 100.0) for role in roles]
     config = planner.PlannerConfig(early_train=True)
     seconds = []
     for _ in range(repeats):

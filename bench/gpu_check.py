@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from roles import Role  # noqa: E402
 from roles.trainer import PolicyTrainer  # noqa: E402
 from runtime import Dist, init_distributed, shutdown_distributed  # noqa: E402
 from shifting.context import RoleContext  # noqa: E402
@@ -122,9 +123,9 @@ def check_train_shift(d: Dist, ctx: RoleContext) -> dict:
     """train -> rollout -> train: offload to storage and free, then build again from storage."""
     before = [(name, rows.detach().clone(), first) for name, rows, first in ctx.trainer.state_rows()]
     allocated = torch.cuda.memory_allocated(d.device) if d.device.type == "cuda" else 0
-    away, offload_s = timed(d.device, lambda: ctx.apply(["rollout"] * d.world_size))
+    away, offload_s = timed(d.device, lambda: ctx.apply([Role.ROLLOUT] * d.world_size))
     freed = allocated - torch.cuda.memory_allocated(d.device) if d.device.type == "cuda" else 0
-    back, onload_s = timed(d.device, lambda: ctx.apply(["train"] * d.world_size))
+    back, onload_s = timed(d.device, lambda: ctx.apply([Role.TRAIN] * d.world_size))
     after = list(ctx.trainer.state_rows())
     exact = len(after) == len(before) and all(
         na == nb and fa == fb and torch.equal(ra, rb) for (na, ra, fa), (nb, rb, fb) in zip(after, before))
@@ -167,8 +168,8 @@ def run(d: Dist, model_dir: str, args) -> dict:
         return PolicyTrainer(state, group, d.device, micro_batch=args.micro_batch, **HYPER)
 
     ctx, build_s = timed(d.device, lambda: RoleContext(
-        d, ["train"] * d.world_size, policy=None, genrm=None, train_state=state, rollout_engine=None,
-        genrm_engine=None, make_trainer=make_trainer))
+        d, [Role.TRAIN] * d.world_size, policy=None, judge=None, train_state=state, rollout_engine=None,
+        judge_engine=None, make_trainer=make_trainer))
     policy = ParameterStorage(d, "gpu-check-policy", ctx.trainer.weight_shapes())
     steps = [batch(state.config.vocab_size, args.samples, args.prompt_tokens, args.response_tokens, seed)
              for seed in (0, 1)]

@@ -12,7 +12,7 @@ busy shared machine slows a 2-thread process more than 2 one-thread ranks (see b
 
 TRL is a bench-only dependency, in its own virtual environment beside the repository's .venv, with the
 same pins (requirements.txt: torch 2.13.0 CPU, transformers 5.19.0, and vLLM, which PivotRL's verdict
-parser imports with roles/genrm.py):
+parser imports with roles/judge.py):
 
     python3 -m venv .venv-peer && .venv-peer/bin/pip install -r requirements.txt trl==1.16.0 \\
         && .venv-peer/bin/pip uninstall -y torchvision torchaudio torchcodec
@@ -26,7 +26,7 @@ training prompts in PivotRL's order (tasks/dataset.step_prompts: the TRL run's d
 that order and not shuffled), 16 prompts x 8 samples per step, at most 64 response tokens sampled at
 temperature 1.0 (top-p 1, no top-k), the judge's critique of each response from the template
 tasks/judge_arith.txt (prompt, response, reference) written greedily up to 96 tokens and read by
-PivotRL's own parser (roles.genrm.parse_verdict: correct 1.0, wrong or unreadable 0.0, PivotRL's
+PivotRL's own parser (roles.judge.parse_verdict: correct 1.0, wrong or unreadable 0.0, PivotRL's
 default `--on-parse-failure fail`), group-normalised advantages, the clipped ratio loss (clip 0.2, no KL:
 beta 0), token-level normalisation over the step's 128 responses (TRL's loss_type "dapo": the loss
 summed over every completion token of the accumulated batch and divided by their count, which is
@@ -241,38 +241,39 @@ def trl_side(args) -> None:
 
     sys.path.insert(0, str(ROOT))
     import pivot_train
-    from roles.genrm import fill_template, parse_verdict
+    from roles import Role
+    from roles.judge import fill_template, parse_verdict
     from tasks.dataset import encode_prompt, step_prompts
 
     job = pivot_train.parse_args(job_flags(args.steps, args.seed))
     template = pivot_train.check_config(job)
-    policy_tok, genrm_tok = pivot_train.load_tokenizer(job, "policy"), pivot_train.load_tokenizer(job, "genrm")
-    train_set, _, _ = pivot_train.load_data(job, template, policy_tok, genrm_tok)
+    policy_tok, judge_tok = pivot_train.load_tokenizer(job, "policy"), pivot_train.load_tokenizer(job, "judge_model")
+    train_set, _, _ = pivot_train.load_data(job, template, policy_tok, judge_tok)
     order = [train_set[i] for step in range(job.steps)
              for i in step_prompts(len(train_set), step, job.prompts_per_step, job.seed)]
     dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in order])
     torch.set_num_threads(TRL_THREADS)
 
-    class GenRMReward:
+    class JudgeReward:
         """The judge as a TRL reward function: PivotRL's template, a greedy critique, PivotRL's parser."""
-        __name__ = "genrm"
+        __name__ = Role.JUDGE
 
         def __init__(self):
-            self.model = AutoModelForCausalLM.from_pretrained(job.genrm, dtype=torch.float32).eval()
+            self.model = AutoModelForCausalLM.from_pretrained(job.judge_model, dtype=torch.float32).eval()
             self.step_rewards = []
 
         @torch.inference_mode()
         def __call__(self, prompts, completions, reference, **_):
-            ids = [encode_prompt(genrm_tok, fill_template(template, p, c, r))
+            ids = [encode_prompt(judge_tok, fill_template(template, p, c, r))
                    for p, c, r in zip(prompts, completions, reference)]
             width = max(map(len, ids))
-            pad = genrm_tok.pad_token_id
+            pad = judge_tok.pad_token_id
             input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
             out = self.model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
                                       max_new_tokens=job.max_critique_tokens, pad_token_id=pad,
-                                      eos_token_id=genrm_tok.eos_token_id, cache_implementation="static")
-            critiques = genrm_tok.batch_decode(out[:, width:], skip_special_tokens=True)
+                                      eos_token_id=judge_tok.eos_token_id, cache_implementation="static")
+            critiques = judge_tok.batch_decode(out[:, width:], skip_special_tokens=True)
             rewards = [0.0 if (v := parse_verdict(c)) is None else v for c in critiques]
             self.step_rewards.append(sum(rewards) / len(rewards))
             return rewards
@@ -307,7 +308,7 @@ def trl_side(args) -> None:
             scale_rewards="group", model_init_kwargs={"dtype": torch.float32}, eval_strategy="no",
             save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
             dataloader_num_workers=0)
-        judge, times = GenRMReward(), StepTimes()
+        judge, times = JudgeReward(), StepTimes()
         trainer = GRPOTrainer(model=job.policy, reward_funcs=judge, args=config, train_dataset=dataset,
                               processing_class=policy_tok, callbacks=[times])
         trainer.train()

@@ -1,6 +1,6 @@
 """The three placements on one task, models, seed and world size, in one invocation, interleaved.
 
-    python bench/placements.py [--nproc 4] [--repeats 3] [--steps 10] [--split rollout=2,genrm=1,train=1]
+    python bench/placements.py [--nproc 4] [--repeats 3] [--steps 10] [--split rollout=2,judge=1,train=1]
                                [--max-staleness 0,2] [--workload task|longtail] [--json PATH] [--out DIR]
                                [-- extra pivot_train.py flags]
 
@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from planner import parse_split  # noqa: E402
+from roles import Role  # noqa: E402
 from runtime import busy_fraction, cpu_ticks  # noqa: E402
 from sim.calibration import shared_cores  # noqa: E402
 from tasks.longtail import LABEL  # noqa: E402
@@ -98,10 +99,10 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
         # Nothing else runs during that update, so all `ranks` train ranks are busy together; a step
         # that trained early mixes train groups of other sizes, busy beside engines, and is left out.
         split = dict(part.split("=") for part in config["split"].split(",")) if config["split"] else {}
-        ranks = int(split.get("train", nproc))
+        ranks = int(split.get(Role.TRAIN, nproc))
         whole = {r["step"] for r in records if not r.get("early_trained_groups")}
         tokens = sum(s["prompt_tokens"] + s["response_tokens"] for s in logged if s["step"] in whole)
-        seconds = sum(r["busy_s"]["train"] for r in records if r["step"] in whole) / shared_cores(ranks, cpus)
+        seconds = sum(r["busy_s"][Role.TRAIN] for r in records if r["step"] in whole) / shared_cores(ranks, cpus)
         t = train.setdefault(ranks, [0, 0.0])
         t[0], t[1] = t[0] + tokens, t[1] + seconds
     out = {"cpus": cpus, "max_seqs": config["max_seqs"], "round_steps": config["round_steps"],
@@ -118,7 +119,7 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
            "shift_counts": {pair: len(seconds) for pair, seconds in sorted(shifts.items())},
            "train_tokens_per_s_by_ranks": {n: tokens / seconds for n, (tokens, seconds) in sorted(train.items())
                                            if seconds > 0}}
-    for role in ("rollout", "genrm"):
+    for role in (Role.ROLLOUT, Role.JUDGE):
         rows = [row for r in steps for row in r["engine_steps"][role]]  # [busy ranks, batch, steps, s, prefill]
         decode = [(b, s / n / shared_cores(k, cpus), n) for k, b, n, s, tokens in rows if not tokens]
         fixed, per_seq = fit_line(decode)
@@ -153,7 +154,7 @@ def summarise(records: list[dict], nproc: int, staleness: int, largest: int) -> 
     steps = [r for r in records if "samples_per_s" in r]
     steps = steps[1 + largest - staleness:len(steps) - staleness]
     seconds = sum(r["step_time_s"] for r in steps)
-    busy = {role: sum(r["busy_s"][role] for r in steps) / (nproc * seconds) for role in ("rollout", "genrm", "train")}
+    busy = {role: sum(r["busy_s"][role] for r in steps) / (nproc * seconds) for role in (Role.ROLLOUT, Role.JUDGE, Role.TRAIN)}
     return {"samples_per_s": sum(r["samples"] for r in steps) / seconds,
             "tokens_per_s": sum(r["tokens_per_s"] * r["step_time_s"] for r in steps) / seconds,
             "busy": busy, "shifts": sum(len(r["shifts"]) for r in steps) / len(steps),
@@ -177,7 +178,7 @@ def placeable(args) -> dict[str, str]:
     """The placements to run, each against why another is skipped (a split that does not fit)."""
     skipped = {}
     try:
-        if "train" not in parse_split(args.split, args.nproc):
+        if Role.TRAIN not in parse_split(args.split, args.nproc):
             skipped["disaggregated"] = f"--split {args.split} has no train rank"
     except ValueError as e:
         skipped["disaggregated"] = str(e)
@@ -193,14 +194,14 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default=None,
-                   help="disaggregated's ranks per role (default: rollout=NPROC-2,genrm=1,train=1)")
+                   help="disaggregated's ranks per role (default: rollout=NPROC-2,judge=1,train=1)")
     p.add_argument("--max-staleness", default="0",
                    help="comma-separated K values: every placement runs at each (e.g. 0,2)")
     p.add_argument("--workload", choices=["task", "longtail"], default="task")
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="keep the runs' directories here (default: a temporary one)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    args.split = args.split or f"rollout={max(args.nproc - 2, 1)},genrm=1,train=1"
+    args.split = args.split or f"rollout={max(args.nproc - 2, 1)},judge=1,train=1"
     try:
         bounds = sorted({int(k) for k in args.max_staleness.split(",")})
     except ValueError:
@@ -239,7 +240,7 @@ def main():
         median = statistics.median(r["samples_per_s"] for r in runs)
         table[placement] = {
             "samples_per_s": median, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
-            "busy": {role: statistics.median(r["busy"][role] for r in runs) for role in ("rollout", "genrm", "train")},
+            "busy": {role: statistics.median(r["busy"][role] for r in runs) for role in (Role.ROLLOUT, Role.JUDGE, Role.TRAIN)},
             "shifts_per_step": statistics.median(r["shifts"] for r in runs),
             "cpu_busy": statistics.median(r["cpu_busy"] for r in runs),
             "steps_cpu_busy": statistics.median(r["steps_cpu_busy"] for r in runs),
@@ -263,12 +264,12 @@ def main():
 def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
     if args.workload == "longtail":
         print(f"\n{LABEL}")
-    print(f"\n{'placement':16s} {'samples/s':>10s} {'tokens/s':>10s} {'rollout':>8s} {'genrm':>8s} {'train':>8s} "
+    print(f"\n{'placement':16s} {'samples/s':>10s} {'tokens/s':>10s} {Role.ROLLOUT:>8s} {Role.JUDGE:>8s} {Role.TRAIN:>8s} "
           f"{'shifts/step':>12s} {'exchange':>9s} {'CPU busy: steps':>16s} {'whole run':>10s}")
     for placement, row in table.items():
         b = row["busy"]
-        print(f"{placement:16s} {row['samples_per_s']:10.1f} {row['tokens_per_s']:10.1f} {b['rollout']:8.2f} "
-              f"{b['genrm']:8.2f} {b['train']:8.2f} {row['shifts_per_step']:12.1f} {row['exchange_share']:9.1%} "
+        print(f"{placement:16s} {row['samples_per_s']:10.1f} {row['tokens_per_s']:10.1f} {b[Role.ROLLOUT]:8.2f} "
+              f"{b[Role.JUDGE]:8.2f} {b[Role.TRAIN]:8.2f} {row['shifts_per_step']:12.1f} {row['exchange_share']:9.1%} "
               f"{row['steps_cpu_busy']:16.0%} {row['cpu_busy']:10.0%}")
     print("(exchange: the share of rollout+judge time spent in the exchange with rank 0, metrics' exchange_s)")
     print()
@@ -286,7 +287,7 @@ def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
 
 def print_cost_model(model: dict, cpus: int) -> None:
     print(f"\ncost model ({cpus} cores; seconds uncontended, i.e. measured / max(1, ranks stepping / cores))")
-    for role in ("rollout", "genrm"):
+    for role in (Role.ROLLOUT, Role.JUDGE):
         print(f"  {role:8s} engine step {model[f'{role}_step_s'] * 1e3:.2f} ms + "
               f"{model[f'{role}_per_seq_s'] * 1e3:.3f} ms/seq over {model[f'{role}_engine_steps']} steps, "
               f"prefill {model[f'{role}_prefill_per_s'] or 0:.0f} tokens/s; by ranks stepping: " + ", ".join(

@@ -1,8 +1,8 @@
-"""Shift latency on CPU: every ordered pair of roles (rollout, genrm, train), timed stage by stage, for
+"""Shift latency on CPU: every ordered pair of roles (rollout, judge, train), timed stage by stage, for
 the built-in models and for a ~100M-parameter Qwen2 made from a config, each set against this
 machine's memcpy rate for the same bytes, measured in the same run and thread setting.
 
-    python bench/shift_latency.py [--policy DIR --genrm DIR] [--repeats 3] [--json PATH]
+    python bench/shift_latency.py [--policy DIR --judge-model DIR] [--repeats 3] [--json PATH]
 
 One process (a world of one): a shift's cost is per rank. Onload rates:
   onload_ratio         storage -> the train role (fp32 master rows and AdamW moments copied into the
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from roles import Role  # noqa: E402
 from roles.engine import Engine  # noqa: E402
 from roles.trainer import PolicyTrainer  # noqa: E402
 from runtime import init_distributed  # noqa: E402
@@ -43,7 +44,7 @@ from storage import ParameterStorage, TrainState, checkpoint_storage  # noqa: E4
 from tinymodel import make_model  # noqa: E402
 
 # Through every ordered pair once: r->t, t->r, r->g, g->t, t->g, g->r.
-PATH = ["train", "rollout", "genrm", "train", "genrm", "rollout"]
+PATH = [Role.TRAIN, Role.ROLLOUT, Role.JUDGE, Role.TRAIN, Role.JUDGE, Role.ROLLOUT]
 HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=8)
 
 
@@ -59,22 +60,22 @@ def memcpy_rate(nbytes: int, repeats: int) -> float:
     return nbytes / best
 
 
-def measure(d, name: str, policy_dir: str, genrm_dir: str, repeats: int, kv_bytes: int) -> tuple[dict, RoleContext]:
+def measure(d, name: str, policy_dir: str, judge_dir: str, repeats: int, kv_bytes: int) -> tuple[dict, RoleContext]:
     """The set's figures, and its context: the caller keeps it (and so its engines) alive, since an
     engine going away tears down the default process group."""
     state = TrainState(d, policy_dir, keep_reference=False)
     policy = ParameterStorage(d, f"{name}-policy", state.weight_shapes(torch.float32))
     state.publish_weights(policy, version=0)
-    genrm = checkpoint_storage(d, f"{name}-genrm", genrm_dir, torch.float32)
+    judge = checkpoint_storage(d, f"{name}-judge", judge_dir, torch.float32)
     engines = {role: Engine(path, seed=0, max_model_len=256, kv_cache_bytes=kv_bytes)
-               for role, path in (("rollout", policy_dir), ("genrm", genrm_dir))}
-    ctx = RoleContext(d, ["rollout"], policy=policy, genrm=genrm, train_state=state,
-                      rollout_engine=engines["rollout"], genrm_engine=engines["genrm"],
+               for role, path in ((Role.ROLLOUT, policy_dir), (Role.JUDGE, judge_dir))}
+    ctx = RoleContext(d, [Role.ROLLOUT], policy=policy, judge=judge, train_state=state,
+                      rollout_engine=engines[Role.ROLLOUT], judge_engine=engines[Role.JUDGE],
                       make_trainer=lambda group: PolicyTrainer(state, group, d.device, **HYPER))
     records, version = [], 0
     for _ in range(repeats):
         for role in PATH:
-            if role == "rollout":  # as after an update: a new version for the engine to load
+            if role == Role.ROLLOUT:  # as after an update: a new version for the engine to load
                 version += 1
                 state.publish_weights(policy, version=version)
             records += ctx.apply([role])
@@ -87,7 +88,7 @@ def measure(d, name: str, policy_dir: str, genrm_dir: str, repeats: int, kv_byte
     rate = memcpy_rate(weight_bytes, repeats=5)
     train_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->train"))
     engine_rate = statistics.median(s["bytes"] / s["onload"] for p, s in summary.items() if p.endswith("->rollout"))
-    first_build = next(r["onload"] for r in records if r["to"] == "train")
+    first_build = next(r["onload"] for r in records if r["to"] == Role.TRAIN)
     pack = pack_rate(policy)
     return {"params": sum(math.prod(shape) for _, shape in state.params), "weight_bytes": weight_bytes,
             "threads": torch.get_num_threads(), "memcpy_GBps": rate / 1e9,
@@ -130,18 +131,18 @@ def print_table(results: dict) -> None:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--policy", default=str(ROOT / "models/arith-policy"))
-    p.add_argument("--genrm", default=str(ROOT / "models/arith-genrm"))
+    p.add_argument("--judge-model", default=str(ROOT / "models/arith-genrm"))
     p.add_argument("--repeats", type=int, default=3, help="passes through every shift pair")
     p.add_argument("--kv-cache-mb", type=int, default=32)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     d = init_distributed()
     results, contexts = {}, []
-    if (Path(args.policy) / "config.json").is_file() and (Path(args.genrm) / "config.json").is_file():
-        results["built-in"], ctx = measure(d, "builtin", args.policy, args.genrm, args.repeats, args.kv_cache_mb << 20)
+    if (Path(args.policy) / "config.json").is_file() and (Path(args.judge_model) / "config.json").is_file():
+        results["built-in"], ctx = measure(d, "builtin", args.policy, args.judge_model, args.repeats, args.kv_cache_mb << 20)
         contexts.append(ctx)
     else:
-        print(f"skipping the built-in models: no config.json in {args.policy} or {args.genrm}")
+        print(f"skipping the built-in models: no config.json in {args.policy} or {args.judge_model}")
     with tempfile.TemporaryDirectory() as tmp:
         # ~100M parameters; the judge is a second engine on the same weights.
         make_model(tmp, hidden=768, layers=8, intermediate=3072, vocab=32000)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from roles import logs  # before vLLM, which warns as it is imported
+from roles import Role, logs  # before vLLM, which warns as it is imported
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
@@ -23,7 +23,7 @@ ENGINE_OVERHEAD_MB = 1024
 
 @dataclass
 class Request:
-    role: str  # the engine role that serves it: "rollout" or "genrm"
+    role: Role  # the engine role that serves it: Role.ROLLOUT or Role.JUDGE
     key: tuple[int, int]  # (prompt index, sample index) within the step
     prompt_ids: list[int]
     max_tokens: int
@@ -246,7 +246,7 @@ def _memory_fraction(model_dir: str, skeleton: torch.nn.Module, kv_cache_bytes: 
         raise RuntimeError(f"{model_dir}: its engine needs {need / GIB:.2f} GiB on the device (weights "
                            f"{weights / GIB:.2f}, KV cache {kv_cache_bytes / GIB:.2f}, overhead "
                            f"{overhead_bytes / GIB:.2f}) and {free / GIB:.2f} GiB are free: lower --kv-cache-mb or "
-                           f"--genrm-kv-cache-mb, or use a smaller model")
+                           f"--judge-kv-cache-mb, or use a smaller model")
     return need / total
 
 

@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from roles import Role
 from roles.engine import Completion, Engine, Request
 
 
@@ -67,7 +68,7 @@ class RolloutEngine:
         `max_tokens`, end-of-sequence ignored."""
         def budget(key):
             return lengths(step, key) if lengths is not None else max_tokens
-        return [Request("rollout", (i, g), record["prompt_ids"], budget((i, g)), temperature,
+        return [Request(Role.ROLLOUT, (i, g), record["prompt_ids"], budget((i, g)), temperature,
                         sample_seed(seed, step, i, g), ignore_eos=lengths is not None, step=step)
                 for i, record in enumerate(batch) for g in range(group_size)]
 
@@ -80,13 +81,13 @@ class RolloutEngine:
     def sample(self, prompts: list[tuple[int, list[int]]], k: int, temperature: float, max_tokens: int,
                seed: int) -> list[list[str]]:
         """`k` answers at `temperature` to each (held-out index, prompt ids), each with its `eval_seed`."""
-        requests = [Request("rollout", (i, g), ids, max_tokens, temperature, eval_seed(seed, i, g))
+        requests = [Request(Role.ROLLOUT, (i, g), ids, max_tokens, temperature, eval_seed(seed, i, g))
                     for i, ids in prompts for g in range(k)]
         done = self.engine.run(requests)
         texts = [self.tokenizer.decode(done[r.id].token_ids, skip_special_tokens=True) for r in requests]
         return [texts[j:j + k] for j in range(0, len(texts), k)]
 
     def greedy(self, prompt_ids: list[list[int]], max_tokens: int) -> list[str]:
-        requests = [Request("rollout", (i, 0), ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]
+        requests = [Request(Role.ROLLOUT, (i, 0), ids, max_tokens, 0.0) for i, ids in enumerate(prompt_ids)]
         done = self.engine.run(requests)
         return [self.tokenizer.decode(done[r.id].token_ids, skip_special_tokens=True) for r in requests]

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
 import faults
+from roles import Role
 from storage import TrainState, shard_rows
 
 
@@ -461,7 +462,7 @@ class PolicyTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
-            faults.point("train", dist.get_rank())
+            faults.point(Role.TRAIN, dist.get_rank())
             if torch.isfinite(grad_norm):
                 if self.lr_warmup_steps:
                     for group in self.optimizer.param_groups:

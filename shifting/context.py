@@ -1,4 +1,4 @@
-"""The unified role context: one mechanism moves a rank from any role (rollout, genrm, train) to any
+"""The unified role context: one mechanism moves a rank from any role (rollout, judge, train) to any
 other, and reshards the train group when its membership changes.
 
 A shift of a rank from role A to role B always runs these stages, in this order (verl's order for a
@@ -19,7 +19,7 @@ keeps its weights and KV cache on the device, so it loads, like an engine on CPU
 On CPU, vLLM's sleep and wake are no-ops: an engine keeps its weights and KV cache in host memory while
 its rank holds another role (rebuilding an engine costs ~10 s), and onload reloads its weights from
 storage only when a newer version was published since it last loaded (the policy after an update; the
-frozen GenRM loads once). Likewise the trainer stays allocated on CPU (freeing host memory only to
+frozen judge loads once). Likewise the trainer stays allocated on CPU (freeing host memory only to
 fault it back in costs more than the copy) and its onload, when the train group is unchanged, copies
 the stored state into it; a changed group builds a new one.
 
@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 import faults
-from roles import ROLES
+from roles import ROLES, Role
 from runtime import Dist
 
 STAGES = ("drain", "offload", "onload", "ready")
@@ -58,19 +58,19 @@ class RoleContext:
     `groups`: the train groups kept, least recently used first. `observer.shifted(record, start)`, if
     given, hears of each shift this rank makes (timeline.py)."""
 
-    def __init__(self, d: Dist, roles: list[str], *, policy, genrm, train_state, rollout_engine,
-                 genrm_engine, make_trainer, observer=None):
+    def __init__(self, d: Dist, roles: list[str], *, policy, judge, train_state, rollout_engine,
+                 judge_engine, make_trainer, observer=None):
         assert len(roles) == d.world_size and set(roles) <= set(ROLES), roles
         self.d, self.roles = d, list(roles)
-        self.storage = {"rollout": policy, "genrm": genrm}
-        self.engines = {"rollout": rollout_engine, "genrm": genrm_engine}
+        self.storage = {Role.ROLLOUT: policy, Role.JUDGE: judge}
+        self.engines = {Role.ROLLOUT: rollout_engine, Role.JUDGE: judge_engine}
         self.train_state, self.make_trainer, self.observer = train_state, make_trainer, observer
         self.groups, self.rng = {}, {}
-        self.loaded = {"rollout": None, "genrm": None}  # the version each engine holds (None: from disk)
+        self.loaded = {Role.ROLLOUT: None, Role.JUDGE: None}  # the version each engine holds (None: from disk)
         self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
         train = train_ranks(self.roles)
         group = self._group(train) if train else None
-        self.trainer = make_trainer(group) if self.role == "train" else None
+        self.trainer = make_trainer(group) if self.role == Role.TRAIN else None
 
     @property
     def role(self) -> str:
@@ -85,7 +85,7 @@ class RoleContext:
         assert len(roles) == self.d.world_size and set(roles) <= set(ROLES), roles
         old, new = self.role, roles[self.d.rank]
         regroup = train_ranks(roles) != train_ranks(self.roles)
-        moving = old != new or (regroup and new == "train")
+        moving = old != new or (regroup and new == Role.TRAIN)
         # An engine that keeps its role still loads a newer published version (disaggregated rollout),
         # and one still asleep wakes (a policy engine created asleep).
         engine = self.engines.get(new)
@@ -104,7 +104,7 @@ class RoleContext:
                 self._offload(old)
                 faults.point("shift", self.d.rank)
         with stage(seconds, "onload"):
-            group = self._group(train_ranks(roles)) if regroup and "train" in roles else None
+            group = self._group(train_ranks(roles)) if regroup and Role.TRAIN in roles else None
             if moving:
                 moved = self._onload(new, group)
             elif refresh:
@@ -127,7 +127,7 @@ class RoleContext:
 
     def _offload(self, role: str) -> None:
         self.rng[role] = get_rng_state()
-        if role == "train":  # its state is in storage already: apply saved it
+        if role == Role.TRAIN:  # its state is in storage already: apply saved it
             if self.d.device.type == "cpu":
                 self.parked = self.trainer
             else:
@@ -138,7 +138,7 @@ class RoleContext:
 
     def _onload(self, role: str, group) -> int:
         """Loads `role`'s context; returns the bytes read from storage."""
-        if role == "train":
+        if role == Role.TRAIN:
             if self.parked is not None and self.parked.group is group:
                 self.trainer = self.parked
                 self.trainer.reload()
@@ -202,7 +202,7 @@ def set_rng_state(state) -> None:
 
 
 def train_ranks(roles: list[str]) -> list[int]:
-    return [rank for rank, role in enumerate(roles) if role == "train"]
+    return [rank for rank, role in enumerate(roles) if role == Role.TRAIN]
 
 
 @contextmanager

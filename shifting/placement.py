@@ -9,7 +9,7 @@ judges, and the ranks that train at its end. The algorithm is the same in every 
 from dataclasses import replace
 
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
-from roles import ROLES
+from roles import ROLES, Role
 from shifting.scheduler import Rounds, colocated_plan, forced_plan
 
 
@@ -33,18 +33,18 @@ class Placement:
             engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
             self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=self.train_per_s),
                                        # a move between roles, and a train group's reshard
-                                       {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == "train"},
+                                       {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == Role.TRAIN},
                                        LengthEstimate([], args.max_response_tokens),
                                        LengthEstimate([], args.max_critique_tokens),
                                        PlannerConfig(early_train=self.early_train, min_train_ranks=1))
 
     def start_roles(self) -> list[str]:
-        return list(self.split) if self.split else ["rollout"] * self.world_size
+        return list(self.split) if self.split else [Role.ROLLOUT] * self.world_size
 
     def train_roles(self) -> list[str]:
         """Disaggregated keeps its split (its train ranks train, the others wait); colocated and pivot
         train on every rank, since nothing else is left to do in a synchronous step."""
-        return list(self.split) if self.split else ["train"] * self.world_size
+        return list(self.split) if self.split else [Role.TRAIN] * self.world_size
 
     def plan(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
         """The roles from now on, and how long the ranks work before they next report."""

@@ -56,9 +56,9 @@ import torch
 import torch.distributed as dist
 
 import faults
-from roles import ENGINE_ROLES, ROLES
+from roles import ENGINE_ROLES, ROLES, Role
 from roles.engine import Completion, Request
-from roles.genrm import GenRM, ParseFailure, Verdict
+from roles.judge import Judge, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import NO_EARLY, add_early, grpo_advantages, informative
 from shifting.book import POLL_S, RECENT_STEPS, empty_enough, round_seconds, shares
@@ -195,11 +195,11 @@ class StepQueues:
             max_tokens=args.max_response_tokens,
             lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
         admitted = len(batch) if filter_groups is None else min(filter_groups, len(batch))
-        self.queue = {"rollout": deque(requests[:admitted * self.group_size]), "genrm": deque()}
+        self.queue = {Role.ROLLOUT: deque(requests[:admitted * self.group_size]), Role.JUDGE: deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
         self.filter_groups = filter_groups is not None
         self.dropped: list[int] = []  # groups left out of the update (prompt indices), as they were judged
-        self.expected = len(self.queue["rollout"])
+        self.expected = len(self.queue[Role.ROLLOUT])
         self.samples: dict[tuple[int, int], Sample] = {}
         self.judged: set[tuple[int, int]] = set()
         self.in_flight = dict.fromkeys(ENGINE_ROLES, 0)
@@ -265,7 +265,7 @@ class StepQueues:
         self.published = True
         if self.ahead_batch:
             self.ahead = StepQueues(self.ahead_batch, step=self.step + 1, args=self.args, version=self.version + 1)
-            self.queue["rollout"].extend(self.ahead.queue["rollout"])
+            self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
             self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
         return self.version + 1
 
@@ -304,7 +304,7 @@ class StepQueues:
                 queues = self._of(judging.step)
                 assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
                 queues.samples[sample.key] = sample
-                self.queue["genrm"].append(judging)
+                self.queue[Role.JUDGE].append(judging)
             for verdict in report.verdicts:
                 self._of(verdict.step)._judged(verdict)
             self.reloaded += report.reloaded
@@ -333,7 +333,7 @@ class StepQueues:
         self.judge_runs += verdict.first_try
         self.parse_failures += verdict.parse_failed and verdict.first_try
         if verdict.retry:
-            self.queue["genrm"].append(verdict.retry)
+            self.queue[Role.JUDGE].append(verdict.retry)
             return
         self.judged.add(key)
         group = [self.samples.get((key[0], g)) for g in range(self.group_size)]
@@ -353,7 +353,7 @@ class StepQueues:
         for s in group:
             s.dropped = True
         admitted = [self.held.popleft() for _ in range(min(self.group_size, len(self.held)))]
-        self.queue["rollout"].extend(admitted)
+        self.queue[Role.ROLLOUT].extend(admitted)
         self.expected += len(admitted)
 
     def train_samples(self) -> dict[tuple[int, int], Sample]:
@@ -391,10 +391,10 @@ class StepQueues:
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
-        if role == "rollout":
-            return bool(self.queue["rollout"]) or self.in_flight["rollout"] > 0
-        if role == "genrm":
-            return len(self.judged) < self.expected or (self.ahead is not None and self.ahead.pending("genrm"))
+        if role == Role.ROLLOUT:
+            return bool(self.queue[Role.ROLLOUT]) or self.in_flight[Role.ROLLOUT] > 0
+        if role == Role.JUDGE:
+            return len(self.judged) < self.expected or (self.ahead is not None and self.ahead.pending(Role.JUDGE))
         return False
 
     def done(self) -> bool:
@@ -435,8 +435,8 @@ def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> 
     queued, nothing can change before every engine has run empty: ranks report once, then; with work
     queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
     admits while the ranks judge wait until the judging is done: one switch back, not one a round."""
-    judging = roles[0] == "genrm" and (queues.queue["genrm"] or queues.in_flight["genrm"])
-    role = "rollout" if queues.pending("rollout") and not judging else "genrm"
+    judging = roles[0] == Role.JUDGE and (queues.queue[Role.JUDGE] or queues.in_flight[Role.JUDGE])
+    role = Role.ROLLOUT if queues.pending(Role.ROLLOUT) and not judging else Role.JUDGE
     return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
 
@@ -451,19 +451,19 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
     for role in ENGINE_ROLES:
         if queues.queue[role] and role not in roles:
             # The rank whose role has least left to do gives way.
-            spare = [r for r, held in enumerate(roles) if held == "train" or not queues.pending(held)]
+            spare = [r for r, held in enumerate(roles) if held == Role.TRAIN or not queues.pending(held)]
             roles[rng.choice(spare) if spare else rng.randrange(len(roles))] = role
     return roles, Rounds(steps=1)
 
 
 def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
-             genrm: GenRM, capacity: int, seed: int, step: int, timeline,
+             judge: Judge, capacity: int, seed: int, step: int, timeline,
              ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
     step's prompts (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
-    `genrm` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
+    `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
     training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
@@ -488,7 +488,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
         update_s, update = 0.0, None
         if orders.update is not None:  # this rank trained the update's groups: it makes the update first
             start = time.perf_counter()
-            with timeline.busy("train"):
+            with timeline.busy(Role.TRAIN):
                 update = context.trainer.train_step([[]], orders.update, orders.update["skipped_in_row"])
             update_s = time.perf_counter() - start
         exported, reloaded, shifted, start = [], [], [], time.perf_counter()
@@ -498,7 +498,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             engine = context.engines.get(context.role)
             if engine is not None and orders.roles[d.rank] != context.role:
                 exported = engine.export()
-            elif engine is not None and context.role == "rollout" and orders.publish is not None:
+            elif engine is not None and context.role == Role.ROLLOUT and orders.publish is not None:
                 reloaded = engine.export()  # they go on here, under the new weights
             shifted = context.apply(orders.roles, gather=False)  # records go to rank 0 in the report
         engine = context.engines.get(context.role)
@@ -511,7 +511,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
         if engine is not None:
             engine.add(reloaded + orders.work)
             finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
-            _read(report, finished, batches, rollout, genrm)
+            _read(report, finished, batches, rollout, judge)
             (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
         elif orders.rounds.seconds is not None:
@@ -533,24 +533,24 @@ def publish_update(context, version: int) -> None:
     """Collective: the train ranks write their rows of the update into every node's policy storage, as
     `version` (or, where they have all left the train role since they made it, the training state they
     saved as they left does); the rollout engines load it as their ranks next take or keep the role."""
-    storage = context.storage["rollout"]
-    if "train" in context.roles:
+    storage = context.storage[Role.ROLLOUT]
+    if Role.TRAIN in context.roles:
         storage.publish_shards([] if context.trainer is None else context.trainer.weight_rows(), version)
     else:
         context.train_state.publish_weights(storage, version)
 
 
 def _read(report: Report, finished: list[tuple[Request, Completion]], batches: dict[int, list[dict]],
-          rollout: RolloutEngine, genrm: GenRM) -> None:
+          rollout: RolloutEngine, judge: Judge) -> None:
     """Finished rollout requests become samples with their judge requests; finished critiques, verdicts.
     `batches`: the prompts of each step whose requests may be in flight."""
     try:
         for request, done in finished:
-            if request.role == "rollout":
+            if request.role == Role.ROLLOUT:
                 sample = rollout.to_sample(request, done, batches[request.step][request.key[0]])
-                report.responses.append((sample, genrm.request(sample, request.step)))
+                report.responses.append((sample, judge.request(sample, request.step)))
             else:
-                report.verdicts.append(genrm.verdict(request, done, request.step))
+                report.verdicts.append(judge.verdict(request, done, request.step))
     except ParseFailure as e:
         report.error = str(e)
 
@@ -588,7 +588,7 @@ def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:
     for group in orders.train:
         if trainer.agree(ending.stop(orders.rounds, start)):
             break
-        with timeline.busy("train"):
+        with timeline.busy(Role.TRAIN):
             sums = add_early(sums, trainer.accumulate(group))
         trained.append(group[0].prompt_index)
     return {**sums, "groups": trained}
@@ -635,10 +635,10 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     work = queues.dispatch(new, capacity, in_flight)
-    train = queues.hand_to_train() if queues.early_train and "train" in new else []
+    train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
-        if "train" in roles and queues.update_due() else None
-    return [Orders(new, work=work[r], train=train if new[r] == "train" else [],
-                   update=update if roles[r] == "train" else None, publish=publish, rounds=rounds)
+        if Role.TRAIN in roles and queues.update_due() else None
+    return [Orders(new, work=work[r], train=train if new[r] == Role.TRAIN else [],
+                   update=update if roles[r] == Role.TRAIN else None, publish=publish, rounds=rounds)
             for r in range(len(new))]

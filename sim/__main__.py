@@ -1,6 +1,7 @@
-"""Cluster-scale simulation of GRPO with a GenRM: colocated, disaggregated and pivot placements, the pivot
-one driven by planner.py, each at pivot_train.py's --max-staleness K (pipeline.py). Every input figure
-comes from sim/calibration.json, with its source.
+"""Cluster-scale simulation of GRPO rewarded by a judge (a generative reward model, GenRM)
+in colocated, disaggregated and pivot placements, the pivot one driven by planner.py, each at
+pivot_train.py's --max-staleness K (pipeline.py). Every input figure comes from sim/calibration.json,
+with its source.
 
     python -m sim --gpus 128 --model-group all [--max-staleness K] [--json PATH] [--sweep PNG]
     python -m sim --preset paper [--model-group G] [--json PATH]   (the paper's 128 H20 and its four groups)

@@ -1,4 +1,4 @@
-"""Discrete-event simulation of GRPO steps with a GenRM on N slots, in three placements:
+"""Discrete-event simulation of GRPO steps with a judge on N slots, in three placements:
 
   colocated      every slot rolls out, then every slot judges, then every slot trains
   disaggregated  a fixed split of slots per role, sized to each role's share of the step's work;
@@ -46,7 +46,7 @@ import numpy as np
 
 import pipeline
 import planner
-from roles import ENGINE_ROLES, ROLES
+from roles import ENGINE_ROLES, ROLES, Role
 from shifting import book
 from sim.calibration import CostModel, Workload
 
@@ -146,7 +146,7 @@ class Step:
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
         self.phase = np.zeros(self.n, dtype=np.int8)
-        self.queue = {"rollout": deque(range(self.n)), "genrm": deque()}
+        self.queue = {Role.ROLLOUT: deque(range(self.n)), Role.JUDGE: deque()}
         self.group_left = np.full(self.n // workload.group_size, workload.group_size)
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
@@ -163,7 +163,7 @@ class Step:
         self.ahead = ahead
         for name in self.ARRAYS + ("group_left", "handed"):
             setattr(self, name, np.concatenate([getattr(self, name), getattr(ahead, name)]))
-        self.queue["rollout"].extend(i + self.n for i in ahead.queue["rollout"])
+        self.queue[Role.ROLLOUT].extend(i + self.n for i in ahead.queue[Role.ROLLOUT])
 
     def carry(self, exported: list[int]) -> "Step":
         """As the step ends (every own sample judged): the next step, with what of it is done, its queues
@@ -177,7 +177,7 @@ class Step:
         ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
         for i in reversed(exported):
             ahead.phase[i - n] = 0 if ahead.phase[i - n] == 1 else 2
-            ahead.queue["rollout" if ahead.phase[i - n] == 0 else "genrm"].appendleft(i - n)
+            ahead.queue[Role.ROLLOUT if ahead.phase[i - n] == 0 else Role.JUDGE].appendleft(i - n)
         ahead.generated, ahead.judged = int((ahead.phase >= 2).sum()), int((ahead.phase == 4).sum())
         complete = np.flatnonzero(ahead.group_left == 0)
         ahead.train_ready = float(sum(ahead.tokens(slice(g * self.group_size, (g + 1) * self.group_size)).sum()
@@ -194,7 +194,7 @@ class Step:
         self.gen[:], self.cgen[:], self.phase[:] = self.length, self.critique, 4
         self.generated = self.judged = self.n
         self.group_left[:] = 0
-        self.queue["rollout"].clear()
+        self.queue[Role.ROLLOUT].clear()
         self.train_ready = float(self.tokens(slice(None)).sum())
 
     def median_step_s(self, default: float) -> float:
@@ -229,9 +229,9 @@ class Simulation:
         self.speeds = model.planner_speeds(workload, slots)
         # Rank 0 refits each engine's speed from the steps it sees, as LoopPlanner does in pivot_train.py.
         self.fits = {role: planner.LinearFit(speed.step_s, speed.per_seq_s, hi=speed.max_seqs)
-                     for role, speed in (("rollout", self.speeds.rollout), ("genrm", self.speeds.genrm))}
+                     for role, speed in ((Role.ROLLOUT, self.speeds.rollout), (Role.JUDGE, self.speeds.judge))}
         self.costs = model.planner_costs(slots)
-        self.split = {"rollout": slots}
+        self.split = {Role.ROLLOUT: slots}
         if placement == "disaggregated":
             self.split = split or self._split(slots)
             if sum(self.split.values()) != slots:
@@ -247,7 +247,7 @@ class Simulation:
         self.train_arrived = True
         self.shifts, self.shift_seconds, self.rounds = 0, 0.0, 0
         self.slot_s = dict.fromkeys(STATES, 0.0)
-        self.phases = {"rollout": 0.0, "judge_tail": 0.0, "train_tail": 0.0}
+        self.phases = {Role.ROLLOUT: 0.0, "judge_tail": 0.0, "train_tail": 0.0}
         # What rank 0 knows of lengths before the step: earlier steps' draws (the first step's prior).
         seen = [workload.draw(self.rng) for _ in range(prior_steps)]
         self.lengths = planner.LengthEstimate(np.concatenate([s[0] for s in seen]), workload.max_response)
@@ -302,7 +302,7 @@ class Simulation:
             if update == skip + steps - 1:  # the last step ends with the new policy loaded everywhere
                 self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
             step_seconds.append(self.now - start)
-            self.phases["rollout"] += self.rollout_end - start
+            self.phases[Role.ROLLOUT] += self.rollout_end - start
             self.phases["judge_tail"] += self.judge_end - self.rollout_end
             self.phases["train_tail"] += self.now - self.judge_end
             samples += update_step.n
@@ -367,12 +367,12 @@ class Simulation:
         """The update made at the last round's start is published now, every slot taking part
         (StepQueues.publish); each rollout engine loads it and prefills its running sequences again under
         it (counted as engine time before it decodes on), and the next step's samples join the queue."""
-        trainers = sum(s.role == "train" for s in self.slots)
+        trainers = sum(s.role == Role.TRAIN for s in self.slots)
         self._wait_until(self.now + self.model.publish_seconds(max(1, trainers)), state="waiting")
-        reload = self.model.shift_seconds("rollout", "rollout", max(1, trainers), False)
+        reload = self.model.shift_seconds(Role.ROLLOUT, Role.ROLLOUT, max(1, trainers), False)
         for slot in self.slots:
-            if slot.role == "rollout":
-                slot.prefill_s += reload + self._context("rollout", slot.running) / self.model.prefill_per_s["rollout"]
+            if slot.role == Role.ROLLOUT:
+                slot.prefill_s += reload + self._context(Role.ROLLOUT, slot.running) / self.model.prefill_per_s[Role.ROLLOUT]
         self.step.extend(Step(self.workload, self.rng, self.ahead_index, version=self.step.version + 1))
         self.published = True
 
@@ -389,8 +389,8 @@ class Simulation:
         timed = Round(book.round_seconds(rules.steps, step.median_step_s(rules.first_step_s), longest, exchange,
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
-            rolling = step.queue["rollout"] or any(s.running for s in self.slots if s.role == "rollout")
-            role = "rollout" if rolling else "genrm"
+            rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
+            role = Role.ROLLOUT if rolling else Role.JUDGE
             return [role] * len(roles), timed if step.queue[role] else Round(None, early=False)
         if self.placement == "pivot":
             return planner.apply_moves(roles, self._plan()), timed
@@ -402,8 +402,8 @@ class Simulation:
         optimizer step) the gradients move through storage with it (shifting/context.py, storage.py
         TrainState.partial), and every slot waits for the longest move. A move between engine roles
         holds the moving slot alone (and every slot, under `shifts_stall_all`)."""
-        before = {s.index for s in self.slots if s.role == "train"}
-        after = {i for i, role in enumerate(roles) if role == "train"}
+        before = {s.index for s in self.slots if s.role == Role.TRAIN}
+        after = {i for i, role in enumerate(roles) if role == Role.TRAIN}
         for slot, role in zip(self.slots, roles):
             self._shift(slot, role, len(after), grads)
         if before and after and before != after:
@@ -422,7 +422,7 @@ class Simulation:
             for slot, take in zip(held, takes):
                 new = [queue.popleft() for _ in range(take)]
                 for j in new:
-                    self.step.phase[j] = 1 if role == "rollout" else 3
+                    self.step.phase[j] = 1 if role == Role.ROLLOUT else 3
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
@@ -432,8 +432,8 @@ class Simulation:
         has had, in prompt order (StepQueues.hand_to_train). The train slots work through them until
         the round ends, stopping at the first group boundary after it (`_cut_training`); the groups
         they did not reach are handed out again."""
-        trainers = sum(s.role == "train" for s in self.slots)
-        ready = all(s.ready_at <= self.now for s in self.slots if s.role == "train")  # the group trains together
+        trainers = sum(s.role == Role.TRAIN for s in self.slots)
+        ready = all(s.ready_at <= self.now for s in self.slots if s.role == Role.TRAIN)  # the group trains together
         if not (self._early_train() and trainers and ready):
             return
         step, g = self.update, self.update.group_size
@@ -521,7 +521,7 @@ class Simulation:
                 own = i < step.n  # else the next step's, begun during this one
                 if step.phase[i] == 1:
                     step.phase[i], step.generated = 2, step.generated + own
-                    step.queue["genrm"].append(i)
+                    step.queue[Role.JUDGE].append(i)
                 else:
                     assert step.phase[i] == 3, f"sample {i} judged twice"
                     step.phase[i], step.judged = 4, step.judged + own
@@ -532,7 +532,7 @@ class Simulation:
                         step.train_ready += float(step.tokens(members).sum())
             for i in reversed(slot.exported):
                 step.phase[i] = 0 if step.phase[i] == 1 else 2
-                step.queue["rollout" if step.phase[i] == 0 else "genrm"].appendleft(i)
+                step.queue[Role.ROLLOUT if step.phase[i] == 0 else Role.JUDGE].appendleft(i)
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
@@ -543,21 +543,21 @@ class Simulation:
         # (pivot_train.py's update_during_rollout), and no slot moves to train for it.
         made = self.max_staleness > 0 and self._early_train() and step.train_done >= step.train_ready
         if everyone and not made:  # the update waits for its whole group
-            self._apply(["train"] * len(self.slots), grads=step.train_done > 0)
-        trainers = [s for s in self.slots if s.role == "train"]
+            self._apply([Role.TRAIN] * len(self.slots), grads=step.train_done > 0)
+        trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_ready - step.train_done, max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.
         publish = 0.0 if self.published else self.model.publish_seconds(n)  # else it went out during the step
         end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + publish
-        self._account(end, state="train")
+        self._account(end, state=Role.TRAIN)
         self.now = end
         step.train_done = step.train_ready
         if everyone:
-            self._apply(["rollout"] * len(self.slots), grads=False)
+            self._apply([Role.ROLLOUT] * len(self.slots), grads=False)
         elif not self.published:  # a reload of the new weights, not a change of role; collective like any apply
             for slot in self.slots:
-                if slot.role == "rollout":
-                    slot.ready_at = self.now + self.model.shift_seconds("rollout", "rollout", n, False)
+                if slot.role == Role.ROLLOUT:
+                    slot.ready_at = self.now + self.model.shift_seconds(Role.ROLLOUT, Role.ROLLOUT, n, False)
             if self.rules.shifts_stall_all:
                 self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
 
@@ -578,9 +578,9 @@ class Simulation:
         top = lambda x: np.argsort(x)[-8:].tolist()  # noqa: E731
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
         judge_prompt = step.prompt + step.judge_template
-        return max(step.prompt / m.prefill_per_s["rollout"] + alone("rollout", step.prompt, int(step.length[i]))
-                   + (judge_prompt + step.length[i]) / m.prefill_per_s["genrm"]
-                   + alone("genrm", judge_prompt + int(step.length[i]), int(step.critique[i]))
+        return max(step.prompt / m.prefill_per_s[Role.ROLLOUT] + alone(Role.ROLLOUT, step.prompt, int(step.length[i]))
+                   + (judge_prompt + step.length[i]) / m.prefill_per_s[Role.JUDGE]
+                   + alone(Role.JUDGE, judge_prompt + int(step.length[i]), int(step.critique[i]))
                    + float(step.tokens(slice(i // g * g, i // g * g + g) if early else slice(None)).sum())
                    / (n * m.train_per_s(n))
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
@@ -594,8 +594,8 @@ class Simulation:
         m, judge_prompt = self.model, step.prompt + step.judge_template
         slots = min(len(self.slots), m.cores or len(self.slots))
         seconds = 0.0
-        for role, prompts, lengths in (("rollout", np.full(step.n, step.prompt), step.length),
-                                       ("genrm", judge_prompt + step.length, step.critique)):
+        for role, prompts, lengths in ((Role.ROLLOUT, np.full(step.n, step.prompt), step.length),
+                                       (Role.JUDGE, judge_prompt + step.length, step.critique)):
             per_token, per_context = m.token_seconds(role)
             prompts, lengths = prompts.astype(np.float64), lengths.astype(np.float64)
             context = float((lengths * prompts + lengths * (lengths - 1) / 2).sum())
@@ -689,7 +689,7 @@ class Simulation:
     def _account(self, t: float, state: str | None = None) -> None:
         """Each slot's seconds from now to t, by state (STATES; nothing changes state in between but the
         end of a shift). `state`: what every slot not shifting does meanwhile ("exchange", "waiting";
-        "train": the step's last update, which the train slots do while the others idle); None: a
+        Role.TRAIN: the step's last update, which the train slots do while the others idle); None: a
         round's work, slot by slot."""
         span = max(t - self.now, 0.0)
         for s in self.slots:
@@ -698,7 +698,7 @@ class Simulation:
             if state in ("exchange", "waiting"):
                 self.slot_s[state] += span - shifting
                 continue
-            working = (state == "train" or state is None and self.train_left > 0) if s.role == "train" else \
+            working = (state == Role.TRAIN or state is None and self.train_left > 0) if s.role == Role.TRAIN else \
                 state is None and bool(s.running) and not s.stopped
             waiting = state is None and s.stopped and bool(s.running)
             self.slot_s[s.role if working else "waiting" if waiting else f"{s.role} idle"] += span - shifting
@@ -735,14 +735,14 @@ class Simulation:
             slot.finished += done
 
     def _progress(self, role: str) -> np.ndarray:
-        return self.step.gen if role == "rollout" else self.step.cgen
+        return self.step.gen if role == Role.ROLLOUT else self.step.cgen
 
     def _target(self, role: str, i):
-        return self.step.length[i] if role == "rollout" else self.step.critique[i]
+        return self.step.length[i] if role == Role.ROLLOUT else self.step.critique[i]
 
     def _context(self, role: str, running: list[int]) -> float:
         step = self.step
-        if role == "rollout":
+        if role == Role.ROLLOUT:
             return float(len(running) * step.prompt + step.gen[running].sum())
         return float(len(running) * (step.prompt + step.judge_template) + step.length[running].sum()
                      + step.cgen[running].sum())
@@ -771,7 +771,7 @@ class Simulation:
         slot.role, slot.shifted_at = role, self.now
         slot.step_s = 0.0
 
-    def _reshard(self, slot: Slot, train_slots: int, grads: bool, role: str = "train") -> None:
+    def _reshard(self, slot: Slot, train_slots: int, grads: bool, role: str = Role.TRAIN) -> None:
         """The slot's shift from its role to `role` (train to train: a reshard), counted as a shift."""
         seconds = self.model.shift_seconds(slot.role, role, train_slots, grads)
         self.shifts, self.shift_seconds = self.shifts + 1, self.shift_seconds + seconds
@@ -784,12 +784,12 @@ class Simulation:
         step, w = self.step, self.workload
         pool = self.update or step
         rolling = np.flatnonzero(step.phase <= 1)
-        queued = list(step.queue["rollout"])
+        queued = list(step.queue[Role.ROLLOUT])
         return planner.step_work(
             rolling=step.gen[rolling].tolist(), judging=step.cgen[np.flatnonzero(step.phase == 3)].tolist(),
             rollout_prefill=float(len(queued) * step.prompt + step.gen[queued].sum()),
-            judge_waiting=len(step.queue["genrm"]),
-            judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue["genrm"])),
+            judge_waiting=len(step.queue[Role.JUDGE]),
+            judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue[Role.JUDGE])),
             judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
             train_ready=pool.train_ready - pool.train_done,
             train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done,
@@ -802,7 +802,7 @@ class Simulation:
         n, s = self.workload.prompts * self.workload.group_size, self.speeds
         lengths, critiques = self.workload.draw(np.random.default_rng(0))
         rollout = planner.engine_seconds(s.rollout, 1, n, float(lengths.sum()), 0.0, n * self.workload.prompt_tokens)
-        judge = planner.engine_seconds(s.genrm, 1, n, float(critiques.sum()), 0.0, float(lengths.sum())
+        judge = planner.engine_seconds(s.judge, 1, n, float(critiques.sum()), 0.0, float(lengths.sum())
                                        + n * (self.workload.prompt_tokens + self.workload.judge_template_tokens))
         train = float(n * self.workload.prompt_tokens + lengths.sum()) / s.train_per_s
         total = rollout + judge + train
@@ -811,7 +811,7 @@ class Simulation:
         if slots - t - g < 1:
             raise ValueError(f"{slots} slots cannot hold a disaggregated split: train needs {t}, the judge {g}, "
                              f"rollout 1; simulate more devices")
-        return {"rollout": slots - t - g, "genrm": g, "train": t}
+        return {Role.ROLLOUT: slots - t - g, Role.JUDGE: g, Role.TRAIN: t}
 
     def _push(self, t: float, slot: int, version: int) -> None:
         self.counter += 1

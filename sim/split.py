@@ -2,6 +2,8 @@
 deserves, found by simulating splits."""
 import math
 
+from roles import Role
+
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 
@@ -23,7 +25,7 @@ def best_split(slots: int, min_train: int, seconds, unit: int = 1) -> tuple[dict
 
     def run(train: int, judge: int) -> float:
         if (train, judge) not in seen:
-            split = {"rollout": units - train - judge, "genrm": judge, "train": train}
+            split = {Role.ROLLOUT: units - train - judge, Role.JUDGE: judge, Role.TRAIN: train}
             seen[train, judge] = seconds({role: n * unit for role, n in split.items()})
         return seen[train, judge]
 
@@ -32,7 +34,7 @@ def best_split(slots: int, min_train: int, seconds, unit: int = 1) -> tuple[dict
 
     train = argmin(lambda t: run(t, best_judge(t)), least, units - 2)
     judge = best_judge(train)
-    return {"rollout": (units - train - judge) * unit, "genrm": judge * unit, "train": train * unit}, len(seen)
+    return {Role.ROLLOUT: (units - train - judge) * unit, Role.JUDGE: judge * unit, Role.TRAIN: train * unit}, len(seen)
 
 
 def node_unit(slots: int, node_slots: int, min_train: int) -> int:

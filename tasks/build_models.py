@@ -10,7 +10,7 @@ tokenizer, each pre-trained from scratch with plain PyTorch on CPU:
 - models/arith-genrm: judge prompt (tasks/judge_arith.txt filled with the prompt, a response and the gold
   answer) -> critique quoting the response's answer and the gold one, ending in "verdict: correct" or
   "verdict: wrong". It starts from the policy's weights and learns from right, wrong, near-miss and
-  malformed responses. `--only-genrm` rebuilds it alone, over the shipped policy.
+  malformed responses. `--only-judge` rebuilds it alone, over the shipped policy.
 
 Ends by printing the policy's greedy and sampled accuracy on the eval split and the judge's agreement
 with the true check on responses sampled from the policy. Takes about 12 minutes on 2 idle CPU cores.
@@ -26,6 +26,7 @@ import time
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from roles import Role
 from tasks import arithmetic
 from tasks.dataset import load_jsonl
 from tinymodel import qwen2_char_tokenizer
@@ -52,11 +53,11 @@ def parse_args():
     p.add_argument("--drop-carry-prob", type=float, default=0.6)
     # optimisation
     p.add_argument("--policy-steps", type=int, default=800)
-    p.add_argument("--genrm-steps", type=int, default=1200)
+    p.add_argument("--judge-steps", type=int, default=1200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only-genrm", action="store_true",
+    p.add_argument("--only-judge", action="store_true",
                    help="keep models/arith-policy and rebuild the judge alone (as a full build would)")
     # output
     p.add_argument("--template", default=os.path.join(TASK_DIR, "judge_arith.txt"))
@@ -163,7 +164,7 @@ def judged_response(rng: random.Random, a: int, b: int) -> str:
     return corrupt(rng, response if rng.random() < 0.5 else arithmetic.solution(a, b))
 
 
-def genrm_example(rng, args, held_out, template) -> tuple[str, str]:
+def judge_example(rng, args, held_out, template) -> tuple[str, str]:
     prompt, a, b = sample_problem(rng, args, held_out)
     response, reference = judged_response(rng, a, b), str(a + b)
     return (template.format(prompt=prompt, response=response, reference=reference),
@@ -227,11 +228,11 @@ def parse_verdict(critique: str) -> str | None:
     return matches[-1] if matches else None
 
 
-def judge_agreement(genrm, tokenizer, template, prompts, responses, references):
+def judge_agreement(judge, tokenizer, template, prompts, responses, references):
     """Fraction of verdicts equal to the true check, and counts by (truth, verdict)."""
     judge_prompts = [template.format(prompt=p, response=r, reference=ref)
                      for p, r, ref in zip(prompts, responses, references)]
-    verdicts = [parse_verdict(c) for c in generate(genrm, tokenizer, judge_prompts, 0.0, MAX_CRITIQUE_TOKENS)]
+    verdicts = [parse_verdict(c) for c in generate(judge, tokenizer, judge_prompts, 0.0, MAX_CRITIQUE_TOKENS)]
     truths = ["correct" if arithmetic.is_correct(r, ref) else "wrong" for r, ref in zip(responses, references)]
     confusion = {(t, v): 0 for t in ("correct", "wrong") for v in ("correct", "wrong", None)}
     for truth, verdict in zip(truths, verdicts):
@@ -264,30 +265,30 @@ def main():
 
     tokenizer = build_tokenizer(template)
     policy_dir = os.path.join(args.models_dir, "arith-policy")
-    if args.only_genrm:
+    if args.only_judge:
         policy = Qwen2ForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
     else:
         policy = build_model(tokenizer, args.hidden_size, args.layers)
         train(policy, tokenizer, policy_example, args.policy_steps, args, rng, held_out, template, "policy")
         save(policy, tokenizer, policy_dir)
 
-    # The judge's own seeds: --only-genrm rebuilds exactly the judge a full build makes.
+    # The judge's own seeds: --only-judge rebuilds exactly the judge a full build makes.
     torch.manual_seed(args.seed + 3)
-    genrm_rng = random.Random(args.seed + 3)
-    genrm = build_model(tokenizer, args.hidden_size, args.layers)
-    genrm.load_state_dict(policy.state_dict())
-    train(genrm, tokenizer, genrm_example, args.genrm_steps, args, genrm_rng, held_out, template, "genrm")
-    save(genrm, tokenizer, os.path.join(args.models_dir, "arith-genrm"))
+    judge_rng = random.Random(args.seed + 3)
+    judge = build_model(tokenizer, args.hidden_size, args.layers)
+    judge.load_state_dict(policy.state_dict())
+    train(judge, tokenizer, judge_example, args.judge_steps, args, judge_rng, held_out, template, Role.JUDGE)
+    save(judge, tokenizer, os.path.join(args.models_dir, "arith-genrm"))
 
     greedy = generate(policy, tokenizer, prompts, 0.0, MAX_RESPONSE_TOKENS)
     samples_per_prompt = 4
     sample_prompts = [p for p in prompts for _ in range(samples_per_prompt)]
     sample_refs = [r for r in references for _ in range(samples_per_prompt)]
     sampled = generate(policy, tokenizer, sample_prompts, 1.0, MAX_RESPONSE_TOKENS)
-    agreement, confusion = judge_agreement(genrm, tokenizer, template, sample_prompts, sampled, sample_refs)
+    agreement, confusion = judge_agreement(judge, tokenizer, template, sample_prompts, sampled, sample_refs)
     print(f"policy greedy accuracy on eval:      {accuracy(greedy, references):.3f}")
     print(f"policy sampled (T=1) accuracy:       {accuracy(sampled, sample_refs):.3f}")
-    print(f"genrm agreement on policy samples:   {agreement:.3f} ({len(sampled)} responses)")
+    print(f"judge agreement on policy samples:   {agreement:.3f} ({len(sampled)} responses)")
     for (truth, verdict), count in confusion.items():
         print(f"  truth {truth:7s} verdict {str(verdict):7s} {count:5d}")
 

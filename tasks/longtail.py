@@ -24,7 +24,7 @@ def length(seed: int, step: int, key: tuple[int, int], kind: int, budget: int) -
 
 
 def lengths(workload: str, seed: int, kind: int, budget: int):
-    """What RolloutEngine.requests and GenRM take as `lengths`: under this workload, (step, sample key) ->
+    """What RolloutEngine.requests and Judge take as `lengths`: under this workload, (step, sample key) ->
     the drawn `length` of `kind`; under any other (`--workload task`), None, so that each sequence ends
     where its model ends it. The caller hands it over, so that roles/ knows no workload."""
     if workload != "longtail":

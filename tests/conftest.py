@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-POLICY, GENRM = ROOT / "models/arith-policy", ROOT / "models/arith-genrm"
+POLICY, JUDGE = ROOT / "models/arith-policy", ROOT / "models/arith-genrm"
 
 # A small run of the built-in task: 3 steps of 16 samples, a checkpoint after each, evaluation at the start
 # and the end. Placements whose samples depend on the seed alone, with their world sizes.
@@ -23,21 +23,21 @@ PLACEMENTS = {
     "colocated": ([], 2),
     "pivot": (["--placement", "pivot"], 2),
     "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
-    "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"], 3),
+    "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"], 3),
     # --max-staleness: the update K steps behind the rollout (tests/e2e/test_staleness.py); K = 1 with two
     # minibatches, whose pi_old the rollout correction computes before the first optimizer step
     "colocated-k1": (["--max-staleness", 1, "--minibatches", 2, "--rollout-is", "sequence"], 2),
     "forced-k1": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 1,
                    "--minibatches", 2, "--rollout-is", "sequence"], 2),
     "pivot-k2": (["--placement", "pivot", "--max-staleness", 2, "--rollout-is", "token"], 2),
-    "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
+    "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
                           "--max-staleness", 2], 3),
     # --max-staleness with no checkpoint to stop at: each update published as soon as it is made, the
     # engines go on under it, and the next step begins (tests/e2e/test_staleness.py)
     "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0], 2),
-    "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
+    "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
                                 "--max-staleness", 2, "--checkpoint-every", 0], 3),
-    "disaggregated-k2-every2": (["--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1",
+    "disaggregated-k2-every2": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
                                  "--max-staleness", 2, "--checkpoint-every", 2], 3),
     # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/e2e/test_filter_groups_runs.py);
     # avg@3 of the held-out prompts beside the greedy accuracy (tests/e2e/test_eval_samples_runs.py)
@@ -127,7 +127,7 @@ def same_run(a, b, exact: bool = True):
     gradients summed in another order), the state to a relative 1e-6."""
     assert [r["step"] for r in metrics(b)] == list(range(SMALL_STEPS + 1))
     assert samples(a) == samples(b)
-    for key in ("reward_mean", "samples", "eval_accuracy", "genrm_agreement") + (("loss", "grad_norm") if exact else ()):
+    for key in ("reward_mean", "samples", "eval_accuracy", "judge_agreement") + (("loss", "grad_norm") if exact else ()):
         assert [r.get(key) for r in metrics(a)] == [r.get(key) for r in metrics(b)], key
     if exact:
         assert (a / FINAL).read_bytes() == (b / FINAL).read_bytes()
@@ -157,8 +157,8 @@ def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
     from tinymodel import make_model
     root = tmp_path_factory.mktemp("models")
     make_model(str(root / "policy"), init_std=0.2, seed=0)
-    make_model(str(root / "genrm"), init_std=0.2, seed=1)
-    return root / "policy", root / "genrm"
+    make_model(str(root / "judge"), init_std=0.2, seed=1)
+    return root / "policy", root / "judge"
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Bring-your-own models on two ranks: the trainer's weights of Qwen2, Llama, Qwen3 and Qwen3-MoE, built
-from configs, reload into vLLM and export to Hugging Face directories (runs of them as policy and as GenRM:
+from configs, reload into vLLM and export to Hugging Face directories (runs of them as policy and as judge:
 tests/e2e/test_architectures.py)."""
 import json
 

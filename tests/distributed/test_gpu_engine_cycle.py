@@ -24,7 +24,7 @@ def test_sleep_mode_engine_wakes_loads_and_sleeps_in_order(tmp_path, tiny_models
 
     first = steps["first apply, rollout kept"]
     assert calls(first) == [("policy", "wake weights"), ("policy", "reload"), ("policy", "wake kv_cache")]
-    assert calls(steps["to genrm"]) == [("policy", "reset prefix cache"), ("policy", "sleep 2"), ("judge", "reload")]
+    assert calls(steps["to judge"]) == [("policy", "reset prefix cache"), ("policy", "sleep 2"), ("judge", "reload")]
     back = steps["back to rollout"]
     # the judge is drained and not put to sleep (no sleep mode); the policy's engine, discarded asleep,
     # loads the version it held again
@@ -34,5 +34,5 @@ def test_sleep_mode_engine_wakes_loads_and_sleeps_in_order(tmp_path, tiny_models
     kept = steps["rollout kept, new version"]
     assert calls(kept) == [("policy", "reload")]  # awake: the new version, no wake
     assert abs(first_value(kept[0]) - (first_value(first[1]) + 1)) < 1e-6  # published as v0 + 1 in fp32
-    assert steps["to genrm again"] == [["policy", "reset prefix cache"], ["policy", "sleep 2"]]  # judge holds v0
-    assert result["steps"]["to genrm again"]["bytes"] == [0]
+    assert steps["to judge again"] == [["policy", "reset prefix cache"], ["policy", "sleep 2"]]  # judge holds v0
+    assert result["steps"]["to judge again"]["bytes"] == [0]

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import GENRM, POLICY, ROOT, torchrun
+from conftest import JUDGE, POLICY, ROOT, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -11,7 +11,7 @@ TRIALS = 12
 
 
 def test_forced_shifts_lose_and_repeat_nothing(tmp_path):
-    torchrun(ROOT / "tests/workers/scheduler_invariants.py", POLICY, GENRM, ROOT / "tasks/judge_arith.txt",
+    torchrun(ROOT / "tests/workers/scheduler_invariants.py", POLICY, JUDGE, ROOT / "tasks/judge_arith.txt",
              TRIALS, tmp_path, timeout=900)
     r = json.loads((tmp_path / "rank0.json").read_text())
     expected = [[p, g] for p in range(5) for g in range(3)]

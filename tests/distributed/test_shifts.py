@@ -19,18 +19,18 @@ def test_every_shift_pair_then_resize_on_two_ranks(tmp_path, tiny_models):
     for r in records:
         assert {"rank", "from", "to", "seconds", "bytes", *STAGES} <= set(r)
         # Every arrival loads from storage, but for an engine that holds the stored version already
-        # (on CPU it keeps its weights while away): the frozen GenRM after its first load.
+        # (on CPU it keeps its weights while away): the frozen judge after its first load.
         # the shift's time is its stages' time, each stage measured
         assert all(r[stage] >= 0 for stage in STAGES) and r["seconds"] > 0
         assert r["seconds"] == pytest.approx(sum(r[stage] for stage in STAGES))
-        assert r["bytes"] > 0 or r["to"] == "genrm"
-    assert any(r["to"] == "genrm" and r["bytes"] == 0 for r in records)
+        assert r["bytes"] > 0 or r["to"] == "judge"
+    assert any(r["to"] == "judge" and r["bytes"] == 0 for r in records)
     for result in results:
         # each arrival's work was right: engines serve the storage's current weights (the policy's
         # latest version after every train visit), and the shifted trainer's master weights, moments
         # and step equal, bit for bit, those of a trainer that never left
         assert result["checks"] and all(ok for _, ok in result["checks"]), result["checks"]
-        assert {role for role, _ in result["checks"]} == {"rollout", "genrm", "train state before step",
+        assert {role for role, _ in result["checks"]} == {"rollout", "judge", "train state before step",
                                                           "train state after step"}
         # resized 2 -> 1 -> 2 mid-run, the group ends where the unresized one does
         assert result["resize_gap"] < 1e-6

@@ -1,4 +1,4 @@
-"""Bring-your-own models: Qwen2, Llama, Qwen3 and Qwen3-MoE built from configs, as policy and as GenRM, in
+"""Bring-your-own models: Qwen2, Llama, Qwen3 and Qwen3-MoE built from configs, as policy and as judge, in
 two-step runs (their weights reloaded into vLLM and exported, one architecture after another:
 tests/distributed/test_arch_reload.py)."""
 import json
@@ -24,20 +24,20 @@ def write_data(path, n, long_prompts=0):
     return path
 
 
-def two_steps(tmp_path, policy, genrm, *extra):
+def two_steps(tmp_path, policy, judge, *extra):
     out = tmp_path / "run"
-    proc = torchrun(ROOT / "pivot_train.py", "--policy", policy, "--genrm", genrm, "--steps", 2,
+    proc = torchrun(ROOT / "pivot_train.py", "--policy", policy, "--judge-model", judge, "--steps", 2,
                     "--prompts-per-step", 2, "--group-size", 2, "--max-response-tokens", 8,
                     "--max-critique-tokens", 8, "--max-model-len", 256, "--eval-every", 2, "--eval-prompts", 2,
                     "--kv-cache-mb", 8, "--out", out, *extra)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     for r in records[:2]:
-        assert r["samples"] == 4 and r["genrm_requests"] == 4
+        assert r["samples"] == 4 and r["judge_requests"] == 4
         # 8 critique tokens of a character tokenizer cannot spell a verdict line ("verdict: wrong" has 14),
         # and the random judges (greedy, seeded) write no score line: every output is a counted parse
         # failure, scored 0
-        assert r["genrm_parse_failures"] == r["samples"] and r["reward_sources"]["genrm"] == 0.0
+        assert r["judge_parse_failures"] == r["samples"] and r["reward_sources"]["judge"] == 0.0
     info = json.loads((out / "run_info.json").read_text())
     return proc.stdout, records, info, out
 
@@ -84,18 +84,18 @@ def test_chat_template_policy_qwen3_with_qwen2_judge_and_rule_rewards(arch_model
     coefficients, each source's step mean is in the metrics and the console line."""
     data = write_data(tmp_path / "train.jsonl", 8)
     stdout, records, info, out = two_steps(tmp_path, arch_models["qwen3"], arch_models["qwen2"], "--data", data,
-                                           "--eval-split", 0.25, "--reward", "genrm=1,exact=2,overlong=0.5",
+                                           "--eval-split", 0.25, "--reward", "judge=1,exact=2,overlong=0.5",
                                            "--overlong-buffer", 4)
-    assert info["policy_chat_template"] and not info["genrm_chat_template"]
+    assert info["policy_chat_template"] and not info["judge_chat_template"]
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 8
     for row in rows:
         s = row["scores"]
-        assert row["reward"] == pytest.approx(s["genrm"] + 2 * s["exact"] + 0.5 * s["overlong"])
+        assert row["reward"] == pytest.approx(s["judge"] + 2 * s["exact"] + 0.5 * s["overlong"])
         assert s["overlong"] == min(0.0, (8 - 4 - row["response_tokens"]) / 4)
         assert s["exact"] == float(row["response"].rsplit(">", 1)[-1].strip() == row["reference"] and ">" in row["response"])
     for r in records[:2]:
         step = [x for x in rows if x["step"] == r["step"]]
-        for name in ("genrm", "exact", "overlong"):
+        for name in ("judge", "exact", "overlong"):
             assert r["reward_sources"][name] == pytest.approx(sum(x["scores"][name] for x in step) / len(step))
-        assert f"(genrm 0.000 exact {r['reward_sources']['exact']:.3f} overlong " in stdout
+        assert f"(judge 0.000 exact {r['reward_sources']['exact']:.3f} overlong " in stdout

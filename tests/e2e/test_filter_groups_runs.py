@@ -31,7 +31,7 @@ def test_a_run_trains_only_informative_groups_and_its_counts_add_up(uninterrupte
         kept, groups = r["filter_groups"], rows[r["step"]]
         assert kept["prompts_drawn"] == kept["dropped"] + kept["trained"] <= 16
         assert kept["trained"] == 4 or (kept["capped"] and kept["prompts_drawn"] == 16 and kept["trained"] < 4)
-        assert r["samples"] == r["genrm_requests"] == len(groups) == 4 * kept["prompts_drawn"]
+        assert r["samples"] == r["judge_requests"] == len(groups) == 4 * kept["prompts_drawn"]
         groups = [groups[i:i + 4] for i in range(0, len(groups), 4)]
         for group in groups:
             assert len({row["prompt"] for row in group}) == 1 and len({row["trained"] for row in group}) == 1

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 _pick = random.Random(int(os.environ.get("PIVOT_KILL_SEED", "0")))
 # (placement, rank, point, how many times that rank surely passes the point in the run); the planner
 # moves pivot ranks as it measures, so a pivot rank surely rolls out only in the first few engine steps.
-KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "genrm", 30), ("colocated", 1, "train", SMALL_STEPS),
+KILLS = [("colocated", 0, "rollout", 15), ("colocated", 1, "judge", 30), ("colocated", 1, "train", SMALL_STEPS),
          ("colocated", 0, "checkpoint", SMALL_STEPS), ("forced", 1, "shift", 8),
          ("disaggregated", 2, "train", SMALL_STEPS), ("pivot", 0, "rollout", 5)]
 KILL_PARAMS = [pytest.param(placement, spec, id=f"{placement}-{spec}")

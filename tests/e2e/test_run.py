@@ -23,7 +23,7 @@ def test_pivot_run_without_kills_is_the_colocated_run(uninterrupted):
     steps = [r for r in rows(pivot, "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == list(range(SMALL_STEPS))
     for r in steps:
-        assert r["samples"] == 16 and r["genrm_requests"] == 16  # each sample judged once, nothing re-judged
+        assert r["samples"] == 16 and r["judge_requests"] == 16  # each sample judged once, nothing re-judged
     same_run(colocated, pivot, exact=False)
     # what the planner did, for whoever reads the log
     print("pivot shifts per step:", [len(r["shifts"]) for r in steps],
@@ -40,7 +40,7 @@ def test_console_is_one_line_per_step_and_evaluation_then_a_summary(uninterrupte
     expected = [r"data: 5000 training prompts, 8 held-out; .*",
                 r"eval at step 0 \| accuracy \d\.\d{3} \| judge agreement \d\.\d{3} \| 8 held-out prompts",
                 *[rf"step {k}/3 \| reward \d\.\d{{3}} \| [\d.]+ samples/s \| [\d.]+ s \| busy s: rollout [\d.]+ "
-                  rf"genrm [\d.]+ train [\d.]+ \| elapsed [\dhms]+ eta [\dhms]+" for k in range(SMALL_STEPS)],
+                  rf"judge [\d.]+ train [\d.]+ \| elapsed [\dhms]+ eta [\dhms]+" for k in range(SMALL_STEPS)],
                 r"eval at step 3 \| accuracy \d\.\d{3} \| judge agreement \d\.\d{3} \| 8 held-out prompts",
                 r"done: 3 steps, 48 samples in \d+ s of steps \([\d.]+ samples/s\); eval accuracy \d\.\d{3} at "
                 r"step 0 -> \d\.\d{3} at step 3, judge agreement \d\.\d{3}",
@@ -62,5 +62,5 @@ def test_a_run_from_the_exported_model_starts_where_the_first_ended(uninterrupte
     torchrun(ROOT / "pivot_train.py", *SMALL, "--steps", 0, "--policy", out / "model", "--out", again)
     first, second = rows(out, "metrics.jsonl")[-1], rows(again, "metrics.jsonl")[0]
     assert second["step"] == 0 and first["step"] == SMALL_STEPS
-    for key in ("eval_accuracy", "genrm_agreement", "genrm_confusion"):
+    for key in ("eval_accuracy", "judge_agreement", "judge_confusion"):
         assert second[key] == first[key], key

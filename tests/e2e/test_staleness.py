@@ -32,7 +32,7 @@ def test_every_update_trains_its_step_within_the_bound(uninterrupted, placement,
             assert "rollout_is_mean" not in r
     # every prompt's G responses judged exactly once (the first update's record counts the K steps
     # rolled out before it; the last K updates roll nothing out)
-    assert sum(r["genrm_requests"] for r in records) == 16 * SMALL_STEPS
+    assert sum(r["judge_requests"] for r in records) == 16 * SMALL_STEPS
     logged = samples(out)
     assert [s["step"] for s in logged] == sorted(s["step"] for s in logged)
     assert len(logged) == 16 * SMALL_STEPS
@@ -77,7 +77,7 @@ def holds_the_bound_token_by_token(out, steps: int, bound: int) -> None:
     samples it trained."""
     records, logged = updates(out), samples(out)
     assert [r["step"] for r in records] == list(range(steps))
-    assert sum(r["genrm_requests"] for r in records) == 16 * steps
+    assert sum(r["judge_requests"] for r in records) == 16 * steps
     assert collections.Counter(s["step"] for s in logged) == {u: 16 for u in range(steps)}
     for u, r in enumerate(records):
         trained = [s for s in logged if s["step"] == u]

@@ -19,10 +19,10 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
         assert r["samples"] == 16 * 8 and r["migrated_sequences"] == 0
         # colocated: each rank rolls out, judges, trains and comes back to rollout, nothing in flight moved
         assert sorted((s["from"], s["to"]) for s in r["shifts"]) == sorted(
-            [("rollout", "genrm"), ("genrm", "train"), ("train", "rollout")] * 2)
-        assert set(r["busy_s"]) == {"rollout", "genrm", "train"}
+            [("rollout", "judge"), ("judge", "train"), ("train", "rollout")] * 2)
+        assert set(r["busy_s"]) == {"rollout", "judge", "train"}
         assert r["samples_per_s"] == pytest.approx(r["samples"] / r["step_time_s"])
-        assert r["genrm_parse_unresolved"] == 0 and r["genrm_requests"] == r["samples"]
+        assert r["judge_parse_unresolved"] == 0 and r["judge_requests"] == r["samples"]
         # the trainer scores the sampled tokens as the engine did: in fp32 on CPU they differ by rounding
         # alone (the engine's kernels are not the trainer's; about 1e-8 on average, a few 1e-6 at most),
         # where scoring other positions or another temperature would be off by tenths of a nat
@@ -30,7 +30,7 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
         # with --minibatches 1 every update is taken
         assert r["skipped_updates"] == 0 and r["skipped_in_row"] == 0
     first, last = records[0], records[-1]
-    assert first["genrm_agreement"] >= 0.9 and last["genrm_agreement"] >= 0.9
+    assert first["judge_agreement"] >= 0.9 and last["judge_agreement"] >= 0.9
     # learning from the judge's verdicts alone: greedy accuracy on the held-out prompts rises
     # (a step's mean reward is too noisy to compare over 8 steps: each step draws other prompts)
     assert last["eval_accuracy"] >= first["eval_accuracy"] + 0.2

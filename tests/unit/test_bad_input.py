@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 import pivot_train
-from conftest import GENRM, ROOT
+from conftest import JUDGE, ROOT
 
 DRY = ["--dry-run", "--world-size", 2]
 
@@ -21,22 +21,22 @@ def test_missing_model_directory(tmp_path):
 
 
 def test_unreadable_model_directory(tmp_path):
-    judge = shutil.copytree(GENRM, tmp_path / "judge")
+    judge = shutil.copytree(JUDGE, tmp_path / "judge")
     (judge / "config.json").write_text("{not json")
-    refused([*DRY, "--genrm", judge], "--genrm .*judge: cannot read it as a Hugging Face model .*not a valid JSON")
+    refused([*DRY, "--judge-model", judge], "--judge-model .*judge: cannot read it as a Hugging Face model .*not a valid JSON")
 
 
 def test_a_template_the_judge_tokenizer_cannot_write(tmp_path):
     template = tmp_path / "judge.txt"
     template.write_text("Problem: {prompt}\nresponse: {response}\ngold: {reference}\n")
-    refused([*DRY, "--judge-template", template], "--genrm .*its tokenizer cannot write 'P' of --judge-template")
+    refused([*DRY, "--judge-template", template], "--judge-model .*its tokenizer cannot write 'P' of --judge-template")
 
 
 def test_a_judge_tokenizer_that_cannot_end_a_critique(tmp_path):
-    judge = shutil.copytree(GENRM, tmp_path / "judge")
+    judge = shutil.copytree(JUDGE, tmp_path / "judge")
     config = json.loads((judge / "tokenizer_config.json").read_text())
     (judge / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": None}))
-    refused([*DRY, "--genrm", judge], "no end-of-sequence token")
+    refused([*DRY, "--judge-model", judge], "no end-of-sequence token")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -54,7 +54,7 @@ def test_group_size_below_two():
 
 
 def test_a_split_that_does_not_fit_the_world():
-    refused(["--dry-run", "--world-size", 4, "--placement", "disaggregated", "--split", "rollout=1,genrm=1,train=1"],
+    refused(["--dry-run", "--world-size", 4, "--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"],
             r"places 3 rank\(s\) but the world has 4: add 1")
 
 
@@ -71,12 +71,12 @@ def test_a_resume_whose_data_or_models_differ(tmp_path):
 
 def test_a_reward_source_that_needs_a_reference_refuses_data_without_one(tmp_path):
     (tmp_path / "data.jsonl").write_text('{"prompt": "1+1=", "reference": "2"}\n{"prompt": "2+2="}\n')
-    refused([*DRY, "--data", tmp_path / "data.jsonl", "--eval-split", 0.5, "--reward", "genrm=1,exact=1"],
-            r'--reward genrm=1,exact=1: exact compares each answer with its record\'s "reference", and 1 records')
+    refused([*DRY, "--data", tmp_path / "data.jsonl", "--eval-split", 0.5, "--reward", "judge=1,exact=1"],
+            r'--reward judge=1,exact=1: exact compares each answer with its record\'s "reference", and 1 records')
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--reward", "genrm=1,judge=2"], "'judge' is not a reward source; use genrm, exact, overlong"),
+    (["--reward", "judge=1,critic=2"], "'critic' is not a reward source; use judge, exact, overlong"),
     (["--reward", "overlong=1"], "has overlong, which needs --overlong-buffer N from 1 to --max-response-tokens"),
     (["--reward", "overlong=1", "--overlong-buffer", 65], r"--max-response-tokens \(64\); got 65"),
 ])
@@ -105,7 +105,7 @@ def test_wandb_project_without_wandb_installed():
 
 def test_a_bad_kill_spec(monkeypatch):
     monkeypatch.setenv("PIVOT_KILL", "1:judging:2")
-    refused(DRY, "PIVOT_KILL='1:judging:2': expected RANK:POINT:N with POINT one of rollout, genrm")
+    refused(DRY, "PIVOT_KILL='1:judging:2': expected RANK:POINT:N with POINT one of rollout, judge")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -94,14 +94,14 @@ def test_engine_start_lets_an_error_through(capfd):
 
 
 RECORDS = [
-    {"step": 0, "eval_accuracy": 0.25, "genrm_agreement": 1.0, "reward_mean": 0.25, "samples": 16,
-     "samples_per_s": 8.0, "step_time_s": 2.0, "genrm_agreement_train": 0.9, "genrm_parse_failures": 0,
-     "busy_s": {"rollout": 1.0, "genrm": 2.0, "train": 0.5},
-     "genrm_confusion": {"judge_correct_ref_correct": 2, "judge_wrong_ref_wrong": 6}},
+    {"step": 0, "eval_accuracy": 0.25, "judge_agreement": 1.0, "reward_mean": 0.25, "samples": 16,
+     "samples_per_s": 8.0, "step_time_s": 2.0, "judge_agreement_train": 0.9, "judge_parse_failures": 0,
+     "busy_s": {"rollout": 1.0, "judge": 2.0, "train": 0.5},
+     "judge_confusion": {"judge_correct_ref_correct": 2, "judge_wrong_ref_wrong": 6}},
     {"step": 1, "reward_mean": 0.75, "samples": 16, "samples_per_s": 4.0, "step_time_s": 4.0,
-     "genrm_agreement_train": 1.0, "genrm_parse_failures": 3, "busy_s": {"rollout": 1.5, "genrm": 2.5, "train": 0.5}},
-    {"step": 2, "eval_accuracy": 0.5, "genrm_agreement": 0.875,
-     "genrm_confusion": {"judge_correct_ref_correct": 4, "judge_wrong_ref_wrong": 3, "judge_unparsed": 1}},
+     "judge_agreement_train": 1.0, "judge_parse_failures": 3, "busy_s": {"rollout": 1.5, "judge": 2.5, "train": 0.5}},
+    {"step": 2, "eval_accuracy": 0.5, "judge_agreement": 0.875,
+     "judge_confusion": {"judge_correct_ref_correct": 4, "judge_wrong_ref_wrong": 3, "judge_unparsed": 1}},
 ]
 
 
@@ -109,12 +109,12 @@ def test_step_and_eval_lines():
     assert report.eval_line(RECORDS[0]) == ("eval at step 0 | accuracy 0.250 | judge agreement 1.000 | "
                                             "8 held-out prompts")
     assert report.step_line(RECORDS[0], 2, 2.2, 2.2) == ("step 0/2 | reward 0.250 | 8.0 samples/s | 2.0 s | "
-                                                         "busy s: rollout 1.0 genrm 2.0 train 0.5 | elapsed 2s eta 2s")
+                                                         "busy s: rollout 1.0 judge 2.0 train 0.5 | elapsed 2s eta 2s")
     assert report.step_line(RECORDS[1], 2, 6.5, 0).endswith("| elapsed 6s eta 0s | judge outputs unparsed 3")
-    sources = {**RECORDS[1], "reward_sources": {"genrm": 0.5, "exact": 0.75, "overlong": -0.125}}
-    assert report.step_line(sources, 2, 0, 0).startswith("step 1/2 | reward 0.750 (genrm 0.500 exact 0.750 overlong -0.125) |")
+    sources = {**RECORDS[1], "reward_sources": {"judge": 0.5, "exact": 0.75, "overlong": -0.125}}
+    assert report.step_line(sources, 2, 0, 0).startswith("step 1/2 | reward 0.750 (judge 0.500 exact 0.750 overlong -0.125) |")
     # the judge alone: the reward is its score, said once
-    assert "(" not in report.step_line({**RECORDS[1], "reward_sources": {"genrm": 0.75}}, 2, 0, 0)
+    assert "(" not in report.step_line({**RECORDS[1], "reward_sources": {"judge": 0.75}}, 2, 0, 0)
     kept = {"prompts_drawn": 9, "dropped": 5, "trained": 4, "capped": False}
     assert report.step_line({**RECORDS[1], "filter_groups": kept}, 2, 0, 0).startswith(
         "step 1/2 | reward 0.750 | groups trained 4/9 | 4.0 samples/s |")
@@ -154,13 +154,13 @@ def test_curves_plot_each_metric_by_step(tmp_path):
     assert report.series(RECORDS, "reward_mean") == ([0, 1], [0.25, 0.75])
     assert report.series(RECORDS, "reward_mean/5") == ([0, 1], [0.25, 0.5])  # mean of the steps so far
     assert report.series(RECORDS, "eval_accuracy") == ([0, 2], [0.25, 0.5])
-    assert report.series(RECORDS, "genrm_agreement") == ([0, 2], [1.0, 0.875])
+    assert report.series(RECORDS, "judge_agreement") == ([0, 2], [1.0, 0.875])
     assert report.series(RECORDS, "samples_per_s") == ([0, 1], [8.0, 4.0])
     assert report.series([{"step": 3, "reward_sources": {"exact": 0.5}}], "reward_sources.exact") == ([3], [0.5])
     assert report.source_lines(RECORDS) == []
-    assert [m for m, _, _ in report.source_lines([{"reward_sources": {"genrm": 1, "exact": 0}}])] == [
-        "reward_sources.genrm", "reward_sources.exact"]
+    assert [m for m, _, _ in report.source_lines([{"reward_sources": {"judge": 1, "exact": 0}}])] == [
+        "reward_sources.judge", "reward_sources.exact"]
     plotted = {metric for _, _, lines, _ in report.PANELS for metric, _, _ in lines}
-    assert {"reward_mean", "eval_accuracy", "genrm_agreement", "samples_per_s"} <= plotted
+    assert {"reward_mean", "eval_accuracy", "judge_agreement", "samples_per_s"} <= plotted
     report.draw_curves(tmp_path, RECORDS)
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

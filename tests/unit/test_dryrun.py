@@ -25,7 +25,7 @@ def config_only(tmp_path_factory):
 
 
 def args_for(root, *extra):
-    return ["--dry-run", "--policy", root / "moe", "--genrm", root / "judge", "--data", root / "data.jsonl",
+    return ["--dry-run", "--policy", root / "moe", "--judge-model", root / "judge", "--data", root / "data.jsonl",
             "--eval-split", "0.1", "--kv-cache-mb", "16384", "--max-model-len", "4096", *map(str, extra)]
 
 
@@ -37,7 +37,7 @@ def test_plans_128_ranks_from_configs_alone(config_only, capsys):
     assert not dist.is_initialized()
     assert "128 ranks = 16 nodes x 8" in printed and "rollout: ranks 0-127 (128)" in printed
     assert "Qwen3MoeForCausalLM" in printed and "Qwen3ForCausalLM" in printed
-    for line in ("  rollout ", "  genrm ", "  train ", "  peak ", "host shared memory per node", "data: 18 training"):
+    for line in ("  rollout ", "  judge ", "  train ", "  peak ", "host shared memory per node", "data: 18 training"):
         assert line in printed
 
     argv = [str(a) for a in args_for(config_only, "--world-size", 128, *small_steps)]
@@ -98,12 +98,12 @@ def test_the_train_group_is_the_placement_s():
     1,056,256 in all. FSDP2 gives rank 0 ceil(rows / ranks) rows of each tensor: over 2 ranks exactly
     half of every tensor but the embedding (20 of 39 rows): 528,192; over 4, 264,096."""
     colocated, pivot = built_in(4), built_in(4, "--placement", "pivot")
-    split = built_in(4, "--placement", "disaggregated", "--split", "rollout=2,genrm=1,train=1")
+    split = built_in(4, "--placement", "disaggregated", "--split", "rollout=2,judge=1,train=1")
     assert colocated["policy"]["params"] == 1_056_256
     assert colocated["roles"] == pivot["roles"] == ["rollout"] * 4
     assert colocated["train_ranks"] == pivot["train_ranks"] == 4
     assert colocated["device_bytes"]["train"]["master_fp32"] == 264_096 * 4
-    assert split["roles"] == ["rollout", "rollout", "genrm", "train"] and split["train_ranks"] == 1
+    assert split["roles"] == ["rollout", "rollout", "judge", "train"] and split["train_ranks"] == 1
     assert split["device_bytes"]["train"]["master_fp32"] == 1_056_256 * 4
     assert split["device_bytes"]["train"]["adamw_moments_fp32"] == 2 * 1_056_256 * 4
     assert built_in(2, "--placement", "pivot")["device_bytes"]["train"]["grads_fp32"] == 528_192 * 4
@@ -112,7 +112,7 @@ def test_the_train_group_is_the_placement_s():
 def test_a_split_s_train_group_holds_its_share(config_only):
     """128 ranks of which 8 train: each holds a 16th of the training state, not a 128th."""
     split = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(
-        config_only, "--world-size", 128, "--placement", "disaggregated", "--split", "rollout=96,genrm=24,train=8")]))
+        config_only, "--world-size", 128, "--placement", "disaggregated", "--split", "rollout=96,judge=24,train=8")]))
     everyone = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(config_only, "--world-size", 128)]))
     ratio = split["device_bytes"]["train"]["master_fp32"] / everyone["device_bytes"]["train"]["master_fp32"]
     assert 15 < ratio <= 16

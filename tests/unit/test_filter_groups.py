@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from roles.engine import Request
-from roles.genrm import Verdict
+from roles.judge import Verdict
 from roles.rollout import Sample, sample_seed
 from shifting.scheduler import Report, StepQueues, colocated_plan
 
@@ -25,13 +25,13 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
     rollout requests in the order they were queued and every group handed to train on the way."""
     queued, handed = list(queues.queue["rollout"]), []
     while not queues.done():
-        pool = [r for role in ("rollout", "genrm") for r in queues.queue[role]]
+        pool = [r for role in ("rollout", "judge") for r in queues.queue[role]]
         request = pool[order.randrange(len(pool))]
         queues.queue[request.role].remove(request)
         report = Report(request.role)
         if request.role == "rollout":
             sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", prompt=BATCH[request.key[0]]["prompt"])
-            report.responses.append((sample, Request("genrm", request.key, [6], 8, 0.0, step=request.step)))
+            report.responses.append((sample, Request("judge", request.key, [6], 8, 0.0, step=request.step)))
         else:
             p, g = request.key
             report.verdicts.append(Verdict(request.key, "", 1, 1, float(rewards[p][g]), False, True, 0, step=request.step))
@@ -77,12 +77,12 @@ def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
     queues = StepQueues(BATCH, step=0, args=ARGS, filter_groups=2)
     for request in list(queues.queue["rollout"]):
         sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop")
-        queues.ingest([Report("rollout", responses=[(sample, Request("genrm", request.key, [6], 8, 0.0))])], 0.0)
+        queues.ingest([Report("rollout", responses=[(sample, Request("judge", request.key, [6], 8, 0.0))])], 0.0)
     queues.queue["rollout"].clear()
-    judge = [queues.queue["genrm"].popleft() for _ in range(2)]  # prompt 0's group, all 1: left out
-    queues.ingest([Report("genrm", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0, step=r.step) for r in judge])], 0.0)
+    judge = [queues.queue["judge"].popleft() for _ in range(2)]  # prompt 0's group, all 1: left out
+    queues.ingest([Report("judge", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0, step=r.step) for r in judge])], 0.0)
     assert queues.dropped == [0] and [r.key for r in queues.queue["rollout"]] == [(2, 0), (2, 1)]
     rng = random.Random(0)
-    assert colocated_plan(["genrm"] * 2, queues, rng)[0] == ["genrm"] * 2  # prompt 1 still to judge
-    queues.queue["genrm"].clear()
-    assert colocated_plan(["genrm"] * 2, queues, rng)[0] == ["rollout"] * 2
+    assert colocated_plan(["judge"] * 2, queues, rng)[0] == ["judge"] * 2  # prompt 1 still to judge
+    queues.queue["judge"].clear()
+    assert colocated_plan(["judge"] * 2, queues, rng)[0] == ["rollout"] * 2

@@ -9,7 +9,7 @@ from conftest import ROOT
 
 
 def project_modules() -> dict[str, Path]:
-    """Every module of the project by dotted name (`planner`, `roles`, `roles.genrm`, `sim.__main__`) with
+    """Every module of the project by dotted name (`planner`, `roles`, `roles.judge`, `sim.__main__`) with
     its path: the top-level files and those of the top-level folders, tests/ aside."""
     paths = [*ROOT.glob("*.py"), *(p for p in ROOT.glob("*/*.py") if not p.parent.name.startswith((".", "tests")))]
     modules = {}
@@ -92,10 +92,10 @@ def test_the_graph_holds_every_part_of_the_project():
     """The checks below see the modules they are about (none of them passes on an empty graph), and the
     walk finds a cycle it is shown."""
     graph = import_graph()
-    assert {"pivot_train", "planner", "storage", "roles", "roles.genrm", "shifting.scheduler", "sim.engine",
+    assert {"pivot_train", "planner", "storage", "roles", "roles.judge", "shifting.scheduler", "sim.engine",
             "tasks.longtail", "bench.placements"} <= set(graph)
     # `from shifting import book` names the package and its module
-    assert {"shifting", "shifting.book"} <= graph["sim.engine"] and "roles.engine" in graph["roles.genrm"]
+    assert {"shifting", "shifting.book"} <= graph["sim.engine"] and "roles.engine" in graph["roles.judge"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
 
 

@@ -10,7 +10,7 @@ from planner import (ROLES, EngineSpeed, LengthEstimate, LinearFit, LoopPlanner,
                      Speeds, Work, apply_moves, finish_seconds, parse_split, plan)
 
 SPEEDS = Speeds(rollout=EngineSpeed(step_s=0.02, per_seq_s=2e-4, prefill_per_s=2e4, max_seqs=64),
-                genrm=EngineSpeed(step_s=0.05, per_seq_s=4e-4, prefill_per_s=1e4, max_seqs=64),
+                judge=EngineSpeed(step_s=0.05, per_seq_s=4e-4, prefill_per_s=1e4, max_seqs=64),
                 train_per_s=5e3)
 
 
@@ -32,13 +32,13 @@ def ranks(*roles, tokens=0) -> list[Rank]:
 
 
 def test_no_move_when_the_saving_is_below_the_cost():
-    assert plan(ranks(*["rollout"] * 7, "genrm", tokens=100), TAIL, SPEEDS, costs(1e4)) == []
-    moves = plan(ranks(*["rollout"] * 7, "genrm", tokens=100), TAIL, SPEEDS, costs(1.0))
-    assert moves and all(m.src == "rollout" and m.dst == "genrm" for m in moves)
+    assert plan(ranks(*["rollout"] * 7, "judge", tokens=100), TAIL, SPEEDS, costs(1e4)) == []
+    moves = plan(ranks(*["rollout"] * 7, "judge", tokens=100), TAIL, SPEEDS, costs(1.0))
+    assert moves and all(m.src == "rollout" and m.dst == "judge" for m in moves)
 
 
 def test_a_move_pays_its_cost_with_margin():
-    now = ranks(*["rollout"] * 7, "genrm", tokens=100)
+    now = ranks(*["rollout"] * 7, "judge", tokens=100)
     config = PlannerConfig(margin=0.5)
     moved = []
     for c in (0.5, 5.0, 50.0):
@@ -54,25 +54,25 @@ def test_a_move_pays_its_cost_with_margin():
 
 
 def test_tail_frees_rollout_ranks_for_the_judge_and_keeps_one():
-    now = ranks(*["rollout"] * 7, "genrm", tokens=100)
-    roles = apply_moves(["rollout"] * 7 + ["genrm"], plan(now, TAIL, SPEEDS, costs(1.0)))
-    assert roles.count("genrm") >= 4 and roles.count("rollout") >= 1
+    now = ranks(*["rollout"] * 7, "judge", tokens=100)
+    roles = apply_moves(["rollout"] * 7 + ["judge"], plan(now, TAIL, SPEEDS, costs(1.0)))
+    assert roles.count("judge") >= 4 and roles.count("rollout") >= 1
 
 
 def test_judge_ranks_without_work_go_to_a_rollout_bottleneck():
-    moves = plan(ranks("rollout", *["genrm"] * 7), START, SPEEDS, costs(1.0))
-    assert moves and all(m.src == "genrm" and m.dst == "rollout" for m in moves)
+    moves = plan(ranks("rollout", *["judge"] * 7), START, SPEEDS, costs(1.0))
+    assert moves and all(m.src == "judge" and m.dst == "rollout" for m in moves)
 
 
 def test_migration_prefill_counts_as_cost():
-    cheap = plan(ranks(*["rollout"] * 7, "genrm", tokens=100), TAIL, SPEEDS, costs(1.0))
+    cheap = plan(ranks(*["rollout"] * 7, "judge", tokens=100), TAIL, SPEEDS, costs(1.0))
     # every rollout rank holds sequences whose prefill alone costs more than the move could save
-    dear = plan(ranks(*["rollout"] * 7, "genrm", tokens=10 ** 9), TAIL, SPEEDS, costs(1.0))
+    dear = plan(ranks(*["rollout"] * 7, "judge", tokens=10 ** 9), TAIL, SPEEDS, costs(1.0))
     assert cheap and dear == []
 
 
 def test_the_cheapest_rank_to_migrate_moves_first():
-    now = [Rank("rollout", t) for t in (900, 100, 500, 700, 300, 800, 600)] + [Rank("genrm")]
+    now = [Rank("rollout", t) for t in (900, 100, 500, 700, 300, 800, 600)] + [Rank("judge")]
     moves = plan(now, TAIL, SPEEDS, costs(1.0))
     moved = [now[m.rank].in_flight_tokens for m in moves]
     assert moved == sorted(moved) and moved[0] == 100
@@ -80,15 +80,15 @@ def test_the_cheapest_rank_to_migrate_moves_first():
 
 def test_a_judge_backlog_gets_a_rank_whatever_the_cost():
     moves = plan(ranks(*["rollout"] * 4, tokens=100), TAIL, SPEEDS, costs(1e9))
-    assert moves == [Move(0, "rollout", "genrm")]
+    assert moves == [Move(0, "rollout", "judge")]
 
 
 def test_rollout_ranks_join_the_judge_once_rollout_ends():
     # rollout done, responses waiting: the three rollout ranks would otherwise idle until the update
     waiting = Work(judge_seqs=300, judge_tokens=300 * 500, judge_longest=4000, judge_prefill=200 * 1500,
                    critique_tokens=500, judge_prompt_tokens=1500, train_tokens=1e6)
-    now = [Rank("rollout", 0, since_shift_s=0.0)] + ranks("rollout", "rollout", "genrm")
-    assert apply_moves([r.role for r in now], plan(now, waiting, SPEEDS, costs(1e9))) == ["genrm"] * 4
+    now = [Rank("rollout", 0, since_shift_s=0.0)] + ranks("rollout", "rollout", "judge")
+    assert apply_moves([r.role for r in now], plan(now, waiting, SPEEDS, costs(1e9))) == ["judge"] * 4
     # nothing waits (every response is being judged): they stay
     judging = Work(judge_seqs=3, judge_tokens=1500, judge_longest=4000, critique_tokens=500, train_tokens=1e6)
     assert plan(now, judging, SPEEDS, costs(1e9)) == []
@@ -100,8 +100,8 @@ def test_idle_rollout_ranks_judge_waiting_responses_whatever_the_cost():
     work = Work(rollout_seqs=2, rollout_tokens=2 * 5000, rollout_longest=8000, judge_seqs=164,
                 judge_tokens=164 * 500, judge_longest=4000, judge_prefill=100 * 1500, critique_tokens=500,
                 judge_prompt_tokens=1500, train_tokens=1e6)
-    now = [Rank("rollout", 900), Rank("rollout", 800)] + ranks(*["rollout"] * 5) + [Rank("genrm", 5000)]
-    assert plan(now, work, SPEEDS, costs(1e9)) == [Move(2, "rollout", "genrm"), Move(3, "rollout", "genrm")]
+    now = [Rank("rollout", 900), Rank("rollout", 800)] + ranks(*["rollout"] * 5) + [Rank("judge", 5000)]
+    assert plan(now, work, SPEEDS, costs(1e9)) == [Move(2, "rollout", "judge"), Move(3, "rollout", "judge")]
     # a prompt still waiting for a rollout engine: the idle ranks are rollout's to use
     assert plan(now, replace(work, rollout_prefill=300), SPEEDS, costs(1e9)) == []
     # nothing waits for the judge (every response is being judged): they stay
@@ -109,12 +109,12 @@ def test_idle_rollout_ranks_judge_waiting_responses_whatever_the_cost():
 
 
 def test_a_rank_that_just_moved_stays():
-    now = [Rank("rollout", 100, since_shift_s=1.0) for _ in range(7)] + [Rank("genrm")]
+    now = [Rank("rollout", 100, since_shift_s=1.0) for _ in range(7)] + [Rank("judge")]
     assert plan(now, TAIL, SPEEDS, costs(1.0), PlannerConfig(dwell=2.0)) == []
 
 
 def test_steady_workload_settles_without_oscillation():
-    roles, moves_per_call = ["rollout"] * 4 + ["genrm"] * 4, []
+    roles, moves_per_call = ["rollout"] * 4 + ["judge"] * 4, []
     since = [math.inf] * 8
     for _ in range(50):
         moves = plan([Rank(r, 100, s) for r, s in zip(roles, since)], TAIL, SPEEDS, costs(2.0))
@@ -128,7 +128,7 @@ def test_steady_workload_settles_without_oscillation():
 def test_early_training_only_with_complete_groups_and_a_large_enough_group():
     # one long critique left: seven judge ranks idle while it runs
     work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=5e6, train_tokens=6e6)
-    now = ranks(*["genrm"] * 8)
+    now = ranks(*["judge"] * 8)
     assert plan(now, work, SPEEDS, costs(1.0)) == []  # early training not allowed
     moves = plan(now, work, SPEEDS, costs(1.0), PlannerConfig(early_train=True, min_train_ranks=4))
     assert moves and {m.dst for m in moves} == {"train"} and len(moves) >= 4
@@ -142,9 +142,9 @@ def test_early_training_pays_for_the_reshard_it_forces():
     work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=5e6, train_tokens=6e6)
     config = PlannerConfig(early_train=True, min_train_ranks=4)
     cheap, dear = {**costs(1.0), ("train", "train"): 1.0}, {**costs(1.0), ("train", "train"): 1e4}
-    assert plan(ranks(*["genrm"] * 8), work, SPEEDS, cheap, config)
-    assert plan(ranks(*["genrm"] * 8), work, SPEEDS, dear, config) == []
-    counts = {"genrm": 4, "train": 4}
+    assert plan(ranks(*["judge"] * 8), work, SPEEDS, cheap, config)
+    assert plan(ranks(*["judge"] * 8), work, SPEEDS, dear, config) == []
+    counts = {"judge": 4, "train": 4}
     assert finish_seconds(work, counts, SPEEDS, dear, True) - finish_seconds(work, counts, SPEEDS, cheap, True) \
         == pytest.approx(1e4 - 1.0)
 
@@ -154,7 +154,7 @@ def test_growing_a_train_group_pays_for_the_save_every_rank_waits_for():
     # ready: more train ranks pay, unless regrouping (the state saved, every rank waiting) costs more.
     work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=5e7, train_tokens=6e7)
     config = PlannerConfig(early_train=True, min_train_ranks=1)
-    held = ranks(*["genrm"] * 7, "train")
+    held = ranks(*["judge"] * 7, "train")
     assert {m.dst for m in plan(held, work, SPEEDS, {**costs(1.0), ("train", "train"): 1.0}, config)} == {"train"}
     assert plan(held, work, SPEEDS, {**costs(1.0), ("train", "train"): 1e3}, config) == []
 
@@ -167,7 +167,7 @@ def test_an_earlier_steps_update_made_by_the_train_ranks_costs_the_step_nothing_
     work = Work(rollout_seqs=30, rollout_tokens=30 * 500, rollout_longest=1000, critique_tokens=500,
                 judge_prompt_tokens=1500, train_ready=1e5, train_tokens=1e5, update_early=True)
     counts = {"rollout": 6, "train": 2}
-    chain = finish_seconds(replace(work, train_ready=0.0, train_tokens=0.0), {"rollout": 6, "genrm": 0}, SPEEDS,
+    chain = finish_seconds(replace(work, train_ready=0.0, train_tokens=0.0), {"rollout": 6, "judge": 0}, SPEEDS,
                            costs(1.0))
     assert finish_seconds(work, counts, SPEEDS, costs(1.0), True) == pytest.approx(chain)
     # six ranks move to train at 1 s each, the work spread over eight
@@ -187,10 +187,10 @@ def test_an_empty_judge_rank_in_the_judges_tail_adds_nothing_to_the_judge():
     work = Work(judge_seqs=64, judge_tokens=64 * 400, judge_longest=400, train_ready=1e4, train_tokens=1e4,
                 update_early=True)
     config = PlannerConfig(early_train=True)
-    held = [Rank("genrm", 64 * 900), Rank("genrm", 0)]
-    assert plan(held, work, SPEEDS, costs(0.1), config) == [Move(1, "genrm", "train")]
-    assert finish_seconds(work, {"genrm": 2}, SPEEDS, costs(0.1), True) < \
-        finish_seconds(work, {"genrm": 1, "train": 1}, SPEEDS, costs(0.1), True)
+    held = [Rank("judge", 64 * 900), Rank("judge", 0)]
+    assert plan(held, work, SPEEDS, costs(0.1), config) == [Move(1, "judge", "train")]
+    assert finish_seconds(work, {"judge": 2}, SPEEDS, costs(0.1), True) < \
+        finish_seconds(work, {"judge": 1, "train": 1}, SPEEDS, costs(0.1), True)
     short = replace(work, judge_tokens=64 * 5, judge_longest=8)
     assert plan(held, short, SPEEDS, {**costs(0.1), ("train", "train"): 1.0}, config) == []
 
@@ -201,7 +201,7 @@ def test_train_ranks_are_credited_only_with_judged_groups():
     # move pays, where crediting them with groups still being judged sent seven ranks to train.
     work = Work(judge_seqs=64, judge_tokens=64 * 4000, judge_longest=16000, judge_prefill=64 * 2000,
                 critique_tokens=4000, train_ready=SPEEDS.train_per_s, train_tokens=1e8)
-    assert plan(ranks(*["genrm"] * 8), work, SPEEDS, costs(1.0), PlannerConfig(early_train=True)) == []
+    assert plan(ranks(*["judge"] * 8), work, SPEEDS, costs(1.0), PlannerConfig(early_train=True)) == []
 
 
 works = st.builds(
@@ -226,7 +226,7 @@ def test_properties(work, held, cost, early):
     if work.rollout_seqs:
         assert "rollout" in roles
     if work.judge_seqs:
-        assert "genrm" in roles
+        assert "judge" in roles
     if early and "train" in roles and any(m.dst == "train" for m in moves):
         assert roles.count("train") >= config.min_train_ranks
 
@@ -252,17 +252,17 @@ def test_length_estimate():
 
 
 def test_parse_split():
-    assert parse_split("rollout=2,genrm=1,train=1", 4) == ["rollout", "rollout", "genrm", "train"]
+    assert parse_split("rollout=2,judge=1,train=1", 4) == ["rollout", "rollout", "judge", "train"]
     with pytest.raises(ValueError, match="world has 4: add 1"):
-        parse_split("rollout=2,genrm=1", 4)
+        parse_split("rollout=2,judge=1", 4)
     with pytest.raises(ValueError, match="remove 2"):
-        parse_split("rollout=4,genrm=2", 4)
-    with pytest.raises(ValueError, match="unknown role 'judge'"):
-        parse_split("rollout=3,judge=1", 4)
-    with pytest.raises(ValueError, match="genrm needs at least one rank"):
+        parse_split("rollout=4,judge=2", 4)
+    with pytest.raises(ValueError, match="unknown role 'critic'"):
+        parse_split("rollout=3,critic=1", 4)
+    with pytest.raises(ValueError, match="judge needs at least one rank"):
         parse_split("rollout=4", 4)
     with pytest.raises(ValueError, match="whole number"):
-        parse_split("rollout=two,genrm=2", 4)
+        parse_split("rollout=two,judge=2", 4)
 
 
 def test_loop_adapter_reads_step_queues():
@@ -272,11 +272,11 @@ def test_loop_adapter_reads_step_queues():
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None,
-        queue={"rollout": [], "genrm": [request(50)] * 400}, round_s=0.05,
+        queue={"rollout": [], "judge": [request(50)] * 400}, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
-                 report("genrm", [5, 9], 0.05)])
+                 report("judge", [5, 9], 0.05)])
     adapter = LoopPlanner(SPEEDS, costs(0.01), LengthEstimate([20, 40, 64], 64), LengthEstimate([30], 96))
-    roles = adapter(["rollout", "rollout", "rollout", "genrm"], queues)
+    roles = adapter(["rollout", "rollout", "rollout", "judge"], queues)
     assert roles.count("rollout") == 1 and roles[0] == "rollout"  # idle rollout ranks go to the judge backlog
     assert adapter.work(queues).rollout_seqs == 1 and adapter.work(queues).judge_seqs == 402
 
@@ -295,6 +295,6 @@ def test_any_steady_workload_settles(work, held, cost):
 def test_no_rank_is_sent_ahead_to_a_judge_with_nothing_to_judge():
     # The step's start: a long tail ahead, so the model would have a judge rank work through responses as
     # they come; but none has come yet, and a rank sent now would idle until they do.
-    assert all(m.dst != "genrm" for m in plan(ranks("rollout", "rollout"), START, SPEEDS, costs(1e-3)))
+    assert all(m.dst != "judge" for m in plan(ranks("rollout", "rollout"), START, SPEEDS, costs(1e-3)))
     waiting = replace(START, judge_seqs=64, judge_tokens=64 * 500, judge_prefill=64 * 2300)
-    assert any(m.dst == "genrm" for m in plan(ranks("rollout", "rollout", tokens=100), waiting, SPEEDS, costs(1e-3)))
+    assert any(m.dst == "judge" for m in plan(ranks("rollout", "rollout", tokens=100), waiting, SPEEDS, costs(1e-3)))

@@ -1,17 +1,17 @@
 """The reward's sources (rewards.py) against hand computations, and the one place they become a sample's
-reward (roles/genrm.py's Verdict.apply). Pure: milliseconds."""
+reward (roles/judge.py's Verdict.apply). Pure: milliseconds."""
 import pytest
 
 from rewards import Recipe, exact_score, final_answer, overlong_score, parse_reward
-from roles.genrm import Verdict
+from roles.judge import Verdict
 from roles.rollout import Sample
 
 
 def test_parse_reward():
-    assert parse_reward("genrm=1") == (("genrm", 1.0),)
-    assert parse_reward("genrm=1,exact=0.5,overlong=2") == (("genrm", 1.0), ("exact", 0.5), ("overlong", 2.0))
-    for text, message in (("judge=1", "'judge' is not a reward source"), ("exact", "exact needs a number"),
-                          ("genrm=1,genrm=2", "genrm appears twice"), ("exact=inf", "must be a finite number")):
+    assert parse_reward("judge=1") == (("judge", 1.0),)
+    assert parse_reward("judge=1,exact=0.5,overlong=2") == (("judge", 1.0), ("exact", 0.5), ("overlong", 2.0))
+    for text, message in (("critic=1", "'critic' is not a reward source"), ("exact", "exact needs a number"),
+                          ("judge=1,judge=2", "judge appears twice"), ("exact=inf", "must be a finite number")):
         with pytest.raises(ValueError, match=message):
             parse_reward(text)
 
@@ -34,19 +34,19 @@ def verdict(reward: float, recipe: Recipe) -> Verdict:
 
 
 def test_the_verdict_becomes_the_reward_with_the_rules():
-    recipe = Recipe((("genrm", 1.0), ("exact", 0.5), ("overlong", 2.0)), ">", 8, 4)
+    recipe = Recipe((("judge", 1.0), ("exact", 0.5), ("overlong", 2.0)), ">", 8, 4)
     sample = Sample(0, 0, [1], [5] * 7, [0.0] * 7, "length", response="1+1>2", reference="2")
     verdict(1.0, recipe).apply(sample)
-    # genrm 1, exact 1, overlong -(7 - 4) / 4: 1 * 1 + 0.5 * 1 + 2 * -0.75
-    assert sample.scores == {"genrm": 1.0, "exact": 1.0, "overlong": -0.75}
+    # judge 1, exact 1, overlong -(7 - 4) / 4: 1 * 1 + 0.5 * 1 + 2 * -0.75
+    assert sample.scores == {"judge": 1.0, "exact": 1.0, "overlong": -0.75}
     assert sample.reward == pytest.approx(0.0)
     # without the judge in the recipe, its score is still kept (its agreement is measured), not rewarded
     verdict(1.0, Recipe((("exact", 1.0),), ">", 8, 4)).apply(sample)
-    assert sample.scores == {"genrm": 1.0, "exact": 1.0} and sample.reward == 1.0
+    assert sample.scores == {"judge": 1.0, "exact": 1.0} and sample.reward == 1.0
 
 
 def test_the_default_reward_is_the_verdict_itself():
     for judged in (0.0, 1.0, 5 / 9):
         sample = Sample(0, 0, [1], [5], [0.0], "stop", response="x")
         verdict(judged, Recipe()).apply(sample)
-        assert sample.reward == judged and sample.scores == {"genrm": judged}
+        assert sample.reward == judged and sample.scores == {"judge": judged}

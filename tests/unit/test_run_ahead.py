@@ -5,7 +5,7 @@ the step ends the rest (queued, and exported from the engines) is carried into t
 from types import SimpleNamespace
 
 from roles.engine import Request
-from roles.genrm import Verdict
+from roles.judge import Verdict
 from roles.rollout import Sample
 from shifting.scheduler import NO_EARLY, Report, StepQueues
 
@@ -21,11 +21,11 @@ def finish(queues: StepQueues, request: Request, reward: float = 1.0) -> None:
     queues.queue[request.role].remove(request)
     if request.role == "rollout":
         sample = Sample(*request.key, request.prompt_ids, [6], [-0.5], "stop", versions=[(0, queues.version)])
-        judging = Request("genrm", request.key, [7], 8, 0.0, step=request.step)
+        judging = Request("judge", request.key, [7], 8, 0.0, step=request.step)
         queues.ingest([Report("rollout", responses=[(sample, judging)])], 0.0)
     else:
         verdict = Verdict(request.key, "", 1, 1, reward, False, True, 0, step=request.step)
-        queues.ingest([Report("genrm", verdicts=[verdict])], 0.0)
+        queues.ingest([Report("judge", verdicts=[verdict])], 0.0)
 
 
 def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_over():
@@ -41,13 +41,13 @@ def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_ove
     # the next step's first sample and its verdict go to its own queues, not this step's
     first = queues.queue["rollout"][4]
     finish(queues, first)
-    judging = next(r for r in queues.queue["genrm"] if r.step == 4)
+    judging = next(r for r in queues.queue["judge"] if r.step == 4)
     finish(queues, judging, reward=0.0)
     assert (0, 0) in queues.ahead.samples and (0, 0) not in queues.samples and queues.ahead.judged == {(0, 0)}
     for request in [r for r in queues.queue["rollout"] if r.step == 3]:
         finish(queues, request)
-    while queues.queue["genrm"]:
-        finish(queues, queues.queue["genrm"][0])
+    while queues.queue["judge"]:
+        finish(queues, queues.queue["judge"][0])
     assert queues.done() and queues.ahead.judged == {(0, 0)} and set(queues.ahead.samples) == {(0, 0)}
     # as the step ends, an engine exports the next step's sequence it was writing: it goes first
     running = queues.queue["rollout"].popleft()

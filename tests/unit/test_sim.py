@@ -81,8 +81,8 @@ def test_calibration_figures_have_value_unit_and_source(cal):
 
 def test_calibration_rejects_unknown_models_and_bare_numbers(cal, tmp_path):
     broken = copy.deepcopy(cal)
-    broken["groups"]["dense-8b-32b"]["genrm"] = "qwen9"
-    with pytest.raises(C.CalibrationError, match="groups.dense-8b-32b.genrm: no model 'qwen9'"):
+    broken["groups"]["dense-8b-32b"]["judge"] = "qwen9"
+    with pytest.raises(C.CalibrationError, match="groups.dense-8b-32b.judge: no model 'qwen9'"):
         C.validate(broken)
     broken = copy.deepcopy(cal)
     broken["h200"]["memory_bytes"] = 141e9
@@ -103,8 +103,8 @@ class StepModel(C.CostModel):
     """Every engine step 1 s (a judge step `judge_step_s`), each round's exchange `exchange_s`, nothing else
     costs: a step's time counts engine steps and rounds."""
     slot_gpus, min_train_slots, prefill_chunk_tokens = 1, 1, 1
-    prefill_per_s = {"rollout": math.inf, "genrm": math.inf}
-    max_seqs = {"rollout": 4, "genrm": 4}
+    prefill_per_s = {"rollout": math.inf, "judge": math.inf}
+    max_seqs = {"rollout": 4, "judge": 4}
 
     def __init__(self, cores=None, exchange_s=0.0, judge_step_s=1.0):
         self.cores, self.exchange_s, self.judge_step_s = cores, exchange_s, judge_step_s
@@ -168,7 +168,7 @@ def test_a_slot_past_the_round_limit_waits_for_a_long_step():
     leaves only the judge's wait for the rollout slot's step in progress (1 s), in the four rounds that
     end so. Rounds of at least 10 of the longest steps (the loop's rule too) outlast the critique: one
     such wait."""
-    split, lengths = {"rollout": 1, "genrm": 1, "train": 1}, (10, 200)
+    split, lengths = {"rollout": 1, "judge": 1, "train": 1}, (10, 200)
     model = StepModel(judge_step_s=30.0)
     held = two_slots(model, "disaggregated", RoundRules(step_on=False, over_longest=0), split=split, lengths=lengths)
     assert held.slot_seconds["waiting"] == pytest.approx(5 * 5)
@@ -187,11 +187,11 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
         with pytest.raises(C.CalibrationError, match=key):
             C.CpuModel(cal, {k: v for k, v in measured.items() if k != key})
     model = C.CpuModel(cal, measured)
-    assert model.shift_seconds("rollout", "genrm", 4, False) == measured["shift_s"]["rollout->genrm"]  # the runs' own
+    assert model.shift_seconds("rollout", "judge", 4, False) == measured["shift_s"]["rollout->judge"]  # the runs' own
     args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
                               preset="h200", max_staleness=0, search_split=False)
     r = simulate(cal, "cpu", measured["nproc"], args)
-    assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "genrm": 1, "train": 1}
+    assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "judge": 1, "train": 1}
     for p in r["placements"].values():
         assert p["samples_per_s"] * sum(p["step_s"]) == pytest.approx(2 * measured["prompts_per_step"]
                                                                       * measured["group_size"])
@@ -270,7 +270,7 @@ def test_at_k2_the_split_trains_the_earlier_step_while_the_next_rolls_out(cal):
     """Disaggregated's train slots wait through a synchronous step's rollout and train after its last
     verdict; at K = 2 they work through the update's groups, an earlier step's, all judged, meanwhile,
     and little of the update is left after the verdict."""
-    split = {"rollout": 3, "genrm": 2, "train": 3}
+    split = {"rollout": 3, "judge": 2, "train": 3}
     runs = {k: run(cal, "disaggregated", staleness=k, split=split)[1] for k in (0, 2)}
     assert runs[2].phases["train_tail"] < runs[0].phases["train_tail"] / 10
     assert runs[2].seconds < runs[0].seconds
@@ -297,11 +297,11 @@ def test_the_split_search_finds_the_best_split(cal):
         return run(cal, "disaggregated", prompts=4, steps=1, staleness=2, model=model, split=split)[1].seconds
 
     found, simulated = best_split(8, model.min_train_slots, seconds)
-    every = {(r, g, 8 - r - g): seconds({"rollout": r, "genrm": g, "train": 8 - r - g})
+    every = {(r, g, 8 - r - g): seconds({"rollout": r, "judge": g, "train": 8 - r - g})
              for r in range(1, 7) for g in range(1, 8 - r) if 8 - r - g >= model.min_train_slots}
     assert seconds(found) == min(every.values()) and simulated < len(every)
-    assert best_split(16, 1, lambda s: abs(s["train"] - 6) + abs(s["genrm"] - 4), unit=2)[0] == \
-        {"rollout": 6, "genrm": 4, "train": 6}
+    assert best_split(16, 1, lambda s: abs(s["train"] - 6) + abs(s["judge"] - 4), unit=2)[0] == \
+        {"rollout": 6, "judge": 4, "train": 6}
     assert [node_unit(128, 8, 1), node_unit(16, 8, 1), node_unit(16, 8, 12), node_unit(16, 8, 13)] == [8, 4, 2, 1]
 
 
@@ -340,6 +340,6 @@ def test_paper_decode_fit_gives_the_steps_the_release_measured(cal):
             n = model.instances["rollout"]
             assert model.step_seconds("rollout", batch * n, 0.0) - fixed == pytest.approx(seconds, rel=0.03)
     broken = copy.deepcopy(paper)
-    broken["groups"]["qwen25-7b+qwen3-30b-a3b"]["tp_genrm"]["value"] = 2
+    broken["groups"]["qwen25-7b+qwen3-30b-a3b"]["tp_judge"]["value"] = 2
     with pytest.raises(C.CalibrationError, match="fit is at tensor-parallel size 4"):
         C.FittedGpuModel(broken, "qwen25-7b+qwen3-30b-a3b")

@@ -148,9 +148,9 @@ state = TrainState(d, policy_dir, keep_reference=False)
 policy = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
 prompts = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14]]
 with HostTensors(d.control) as mode:
-    ctx = RoleContext(d, ["train", "train"], policy=policy, genrm=None, train_state=state, rollout_engine=None,
-                      genrm_engine=None, make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper))
-    for step, roles in enumerate((["train", "train"], ["genrm", "train"], ["train", "train"])):
+    ctx = RoleContext(d, ["train", "train"], policy=policy, judge=None, train_state=state, rollout_engine=None,
+                      judge_engine=None, make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper))
+    for step, roles in enumerate((["train", "train"], ["judge", "train"], ["train", "train"])):
         ctx.apply(roles)
         if ctx.trainer is not None:
             ctx.trainer.train_step([scored_batch(prompts, step)])

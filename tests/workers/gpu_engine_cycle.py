@@ -49,14 +49,14 @@ def gpu_engine(name: str, model_dir: str, sleep_mode: bool, log: list) -> Engine
     return engine
 
 
-policy_dir, genrm_dir, out = sys.argv[1:4]
+policy_dir, judge_dir, out = sys.argv[1:4]
 d = init_distributed()
 policy = checkpoint_storage(d, "policy", policy_dir, torch.float32)
-genrm = checkpoint_storage(d, "genrm", genrm_dir, torch.float32)
+judge = checkpoint_storage(d, "judge", judge_dir, torch.float32)
 log = []
-engines = {"rollout": gpu_engine("policy", policy_dir, True, log), "genrm": gpu_engine("judge", genrm_dir, False, log)}
-ctx = RoleContext(d, ["rollout"], policy=policy, genrm=genrm, train_state=None, rollout_engine=engines["rollout"],
-                  genrm_engine=engines["genrm"], make_trainer=None)
+engines = {"rollout": gpu_engine("policy", policy_dir, True, log), "judge": gpu_engine("judge", judge_dir, False, log)}
+ctx = RoleContext(d, ["rollout"], policy=policy, judge=judge, train_state=None, rollout_engine=engines["rollout"],
+                  judge_engine=engines["judge"], make_trainer=None)
 steps = {}
 
 
@@ -67,12 +67,12 @@ def apply(label: str, roles: list[str]) -> None:
 
 
 apply("first apply, rollout kept", ["rollout"])
-apply("to genrm", ["genrm"])
+apply("to judge", ["judge"])
 apply("back to rollout", ["rollout"])
 policy.publish([(name, tensor + 1) for name, tensor in policy.named_tensors()], version=1)
 apply("rollout kept, new version", ["rollout"])
-apply("to genrm again", ["genrm"])
+apply("to judge again", ["judge"])
 json.dump({"created": log[:1], "steps": steps}, open(f"{out}/rank{d.rank}.json", "w"))
-for held in (policy, genrm):
+for held in (policy, judge):
     held.close()
 shutdown_distributed(d)

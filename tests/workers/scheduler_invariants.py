@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoTokenizer
 
-from roles.genrm import GenRM
+from roles.judge import Judge
 from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
@@ -20,12 +20,12 @@ from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import encode_prompt
 from timeline import Timeline
 
-policy, genrm_dir, template_path, trials, out = sys.argv[1:6]
+policy, judge_dir, template_path, trials, out = sys.argv[1:6]
 template, trials = open(template_path).read(), int(trials)
 d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy)
 rollout = RolloutEngine(policy, tok, seed=0, max_model_len=256, kv_cache_bytes=16 << 20)
-genrm = GenRM(genrm_dir, AutoTokenizer.from_pretrained(genrm_dir), template, seed=0, max_model_len=256,
+judge = Judge(judge_dir, AutoTokenizer.from_pretrained(judge_dir), template, seed=0, max_model_len=256,
               kv_cache_bytes=16 << 20, max_tokens=96, on_parse_failure="fail", encode_prompt=encode_prompt)
 hyper = dict(lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=4)
 state = TrainState(d, policy, keep_reference=False)
@@ -33,8 +33,8 @@ policy_storage = ParameterStorage(d, "policy", state.weight_shapes(torch.float32
 state.publish_weights(policy_storage, version=0)
 timeline = Timeline(d, Path(out))
 context = RoleContext(d, ["rollout"] * d.world_size, policy=policy_storage,
-                      genrm=checkpoint_storage(d, "genrm", genrm_dir, torch.float32), train_state=state,
-                      rollout_engine=rollout.engine, genrm_engine=genrm.engine,
+                      judge=checkpoint_storage(d, "judge", judge_dir, torch.float32), train_state=state,
+                      rollout_engine=rollout.engine, judge_engine=judge.engine,
                       make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper), observer=timeline)
 prompts = [("347+85=", "432"), ("9999+1=", "10000"), ("5+5=", "10"), ("1234+4321=", "5555"), ("70+8=", "78")]
 batch = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r in prompts]
@@ -43,7 +43,7 @@ args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_token
 
 def run(plan, capacity, seed):
     queues = StepQueues(batch, step=0, args=args) if d.rank == 0 else None
-    samples, _, shifts, _ = generate(d, context, queues, plan, batch=batch, rollout=rollout, genrm=genrm,
+    samples, _, shifts, _ = generate(d, context, queues, plan, batch=batch, rollout=rollout, judge=judge,
                                   capacity=capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
@@ -82,5 +82,5 @@ still_weights, moved_weights = update(still), update(moved_samples)
 results["weight_gap"] = max(((moved_weights[n] - w).norm() / w.norm().clamp_min(1e-12)).item()
                             for n, w in still_weights.items())
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"))
-del context, rollout, genrm
+del context, rollout, judge
 shutdown_distributed(d)

@@ -14,7 +14,7 @@ from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from storage import ParameterStorage, TrainState, checkpoint_storage
 
-policy_dir, genrm_dir, out = sys.argv[1:4]
+policy_dir, judge_dir, out = sys.argv[1:4]
 d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy_dir)
 hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0,
@@ -22,11 +22,11 @@ hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.
 state = TrainState(d, policy_dir, keep_reference=False)
 policy = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
 state.publish_weights(policy, version=0)
-genrm = checkpoint_storage(d, "genrm", genrm_dir, torch.float32)
+judge = checkpoint_storage(d, "judge", judge_dir, torch.float32)
 engines = {role: Engine(path, seed=0, max_model_len=128, kv_cache_bytes=16 << 20)
-           for role, path in (("rollout", policy_dir), ("genrm", genrm_dir))}
-ctx = RoleContext(d, ["rollout", "rollout"], policy=policy, genrm=genrm, train_state=state,
-                  rollout_engine=engines["rollout"], genrm_engine=engines["genrm"],
+           for role, path in (("rollout", policy_dir), ("judge", judge_dir))}
+ctx = RoleContext(d, ["rollout", "rollout"], policy=policy, judge=judge, train_state=state,
+                  rollout_engine=engines["rollout"], judge_engine=engines["judge"],
                   make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper))
 reference = PolicyTrainer(TrainState(d, policy_dir, keep_reference=False), d.tensors, d.device, **hyper)
 prompts = [tok(p).input_ids for p in ("12+34=", "999+1=", "5+5=", "70+8=")]
@@ -75,8 +75,8 @@ def work(arrived_from: str) -> None:
     if ctx.role == "rollout":
         assert policy.last_load["version"] == step
         checks.append(("rollout", engine_serves("rollout", policy, policy_dir)))
-    elif ctx.role == "genrm":
-        checks.append(("genrm", engine_serves("genrm", genrm, genrm_dir)))
+    elif ctx.role == "judge":
+        checks.append(("judge", engine_serves("judge", judge, judge_dir)))
     else:
         # Arriving in train (and leaving it) went through storage; the state must be what the
         # reference, which never left, holds.
@@ -87,16 +87,16 @@ def work(arrived_from: str) -> None:
 
 # Both ranks walk a path through every ordered pair (and rollout -> train -> rollout, train -> rollout
 # -> train), doing each role's work on arrival.
-for role in ["train", "rollout", "train", "genrm", "rollout", "genrm", "train"]:
+for role in ["train", "rollout", "train", "judge", "rollout", "judge", "train"]:
     before = ctx.role
     records += ctx.apply([role, role])
     work(before)
 
 # Resize: rank 0 leaves the train group and comes back; rank 1 trains alone meanwhile.
-for roles, steps in ((["train", "train"], 1), (["genrm", "train"], 2), (["train", "train"], 2)):
+for roles, steps in ((["train", "train"], 1), (["judge", "train"], 2), (["train", "train"], 2)):
     records += ctx.apply(roles)
-    if ctx.role == "genrm":
-        checks.append(("genrm", engine_serves("genrm", genrm, genrm_dir)))
+    if ctx.role == "judge":
+        checks.append(("judge", engine_serves("judge", judge, judge_dir)))
     for _ in range(steps):
         train_once()
 shifted, unshifted = dict(ctx.trainer.full_weights()), dict(reference.full_weights())
@@ -108,7 +108,7 @@ resize_gap = (sum((shifted[n] - w).norm() ** 2 for n, w in unshifted.items())
 
 json.dump({"checks": checks, "records": records, "resize_gap": resize_gap, "steps": step},
           open(f"{out}/rank{d.rank}.json", "w"))
-for s in (policy, genrm, state):
+for s in (policy, judge, state):
     s.close()
 del engines, ctx
 shutdown_distributed(d)

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, replace
 
 from rewards import Recipe
+from roles import Role
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed
 
@@ -58,8 +59,8 @@ def fill_template(template: str, prompt: str, response: str, reference: str | No
     return template.format(prompt=prompt, response=response, reference=reference or "", rubric=rubric or "")
 
 
-class GenRM:
-    def __init__(self, genrm_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
+class Judge:
+    def __init__(self, judge_dir: str, tokenizer, template: str, *, seed: int, max_model_len: int,
                  kv_cache_bytes: int, max_tokens: int, on_parse_failure: str, encode_prompt,
                  judge_kind: str = "verdict", lengths=None, recipe: Recipe = Recipe(), **engine_options):
         """`encode_prompt`: (tokenizer, text) -> the prompt's ids (tasks/dataset.py's: in the chat template
@@ -71,7 +72,7 @@ class GenRM:
         self.encode_prompt, self.lengths = encode_prompt, lengths
         self.judge_kind, self.parse = judge_kind, parser(judge_kind)
         self.max_tokens, self.on_parse_failure = max_tokens, on_parse_failure
-        self.engine = Engine(genrm_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
+        self.engine = Engine(judge_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
                              **engine_options)
 
     def request(self, sample, step: int, retry: bool = False) -> Request:
@@ -81,8 +82,8 @@ class GenRM:
         ids = self.encode_prompt(self.tokenizer, text)
         budget = self.lengths(step, sample.key) if self.lengths is not None else self.max_tokens
         if not retry:
-            return Request("genrm", sample.key, ids, budget, 0.0, ignore_eos=self.lengths is not None, step=step)
-        return Request("genrm", sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
+            return Request(Role.JUDGE, sample.key, ids, budget, 0.0, ignore_eos=self.lengths is not None, step=step)
+        return Request(Role.JUDGE, sample.key, ids, budget, 1.0, sample_seed(self.seed, step, *sample.key),
                        retry=True, ignore_eos=self.lengths is not None, step=step)
 
     def verdict(self, request: Request, done: Completion, step: int) -> "Verdict":

@@ -1,6 +1,6 @@
 import pytest
 
-from roles.genrm import fill_template, parse_rubric_score, parse_verdict
+from roles.judge import fill_template, parse_rubric_score, parse_verdict
 
 
 @pytest.mark.parametrize("critique, reward", [
@@ -59,7 +59,7 @@ MALFORMED = [
 ]
 
 
-# Each is a parse failure, counted in the step's genrm_parse_failures (tests/e2e/test_architectures.py checks
+# Each is a parse failure, counted in the step's judge_parse_failures (tests/e2e/test_architectures.py checks
 # the count in a run whose random judge writes nothing readable).
 @pytest.mark.parametrize("critique", MALFORMED)
 def test_malformed_rubric_outputs_are_failures(critique):
