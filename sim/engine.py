@@ -11,7 +11,9 @@ Each step of every placement ends the same way: the rest of its update runs (col
 every slot), the new policy is published to storage, and the rollout engines load it. With
 --max-staleness K > 0 the update is an earlier step's (pipeline.py), whose groups are all judged when
 the step starts: disaggregated's train slots, and pivot's where the planner sends them, work through
-them while the step rolls out and judges.
+them while the step rolls out and judges; once through they make the update, it is published at the
+round after, and the next step begins beside this one's tail (`Step.extend`, `Step.carry`), as the loop's
+StepQueues does.
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
