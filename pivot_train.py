@@ -548,7 +548,7 @@ def main(argv=None):
 
     def roll_out(step: int, train_pool: list[Sample] | None):
         nonlocal position, carried
-        ahead = prompts(step, later=1) if run_ahead and train_pool is not None else None
+        ahead = (prompts(step, later=1) or None) if run_ahead else None  # None: no next step to begin
         samples, early, generation, carried = rollout_and_judge(
             d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, train_pool=train_pool,
             skipped_in_row=skipped_in_row, ahead=ahead, carried=carried)

@@ -263,10 +263,9 @@ class StepQueues:
         """The update goes out at this round's start: the version published, and the next step's prompts
         (their requests behind this step's) join the queue."""
         self.published = True
-        if self.ahead_batch:
-            self.ahead = StepQueues(self.ahead_batch, step=self.step + 1, args=self.args, version=self.version + 1)
-            self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
-            self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
+        self.ahead = StepQueues(self.ahead_batch, step=self.step + 1, args=self.args, version=self.version + 1)
+        self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
+        self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
         return self.version + 1
 
     def carry(self, exported: list[Request]) -> "StepQueues | None":
