@@ -373,7 +373,8 @@ class LoopPlanner:
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
     prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
-    in all), `train_pool` (None unless the update trains an earlier step's samples), `round_s` (the last
+    in all), `train_pool` (None unless the update trains an earlier step's samples), `early_train`
+    (whether its rounds hand judged groups to train ranks), `round_s` (the last
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
     request has generated), `in_flight_tokens` (prompt + generated tokens of those requests) and
@@ -431,6 +432,8 @@ class LoopPlanner:
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()
+        if not queues.early_train:  # the rounds hand no group out: a step rolled out before the first update (K > 0)
+            ready = 0
         coming = len(rolling) if queues.train_pool is None else 0
         return step_work(
             rolling=rolling, judging=[g for role, g in running if role == Role.JUDGE],

@@ -271,7 +271,7 @@ def test_loop_adapter_reads_step_queues():
         steps=[(len(generated), seconds, 0)] if generated else [])
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
-        batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None,
+        batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
         queue={"rollout": [], "judge": [request(50)] * 400}, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
@@ -298,3 +298,22 @@ def test_no_rank_is_sent_ahead_to_a_judge_with_nothing_to_judge():
     assert all(m.dst != "judge" for m in plan(ranks("rollout", "rollout"), START, SPEEDS, costs(1e-3)))
     waiting = replace(START, judge_seqs=64, judge_tokens=64 * 500, judge_prefill=64 * 2300)
     assert any(m.dst == "judge" for m in plan(ranks("rollout", "rollout", tokens=100), waiting, SPEEDS, costs(1e-3)))
+
+
+def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
+    # A step rolled out before the first update (--max-staleness > 0): its groups are judged, but no train
+    # rank gets them (StepQueues.early_train is False), so a rank sent to train would idle.
+    report = lambda role, generated: SimpleNamespace(role=role, generated=generated,  # noqa: E731
+                                                     in_flight_tokens=sum(generated), steps=[])
+    queues = SimpleNamespace(
+        batch=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
+        queue={"rollout": [], "judge": []}, round_s=0.05, early_train=True,
+        reports=[report("judge", [5] * 60), report("judge", [30])])
+    adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
+                          PlannerConfig(early_train=True))
+    assert "train" in adapter(["judge", "judge"], queues)  # the tail: a rank trains the judged groups
+    adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
+                          PlannerConfig(early_train=True))
+    fill = SimpleNamespace(**{**vars(queues), "early_train": False})
+    assert adapter.work(fill).train_ready == 0
+    assert "train" not in adapter(["judge", "judge"], fill)
