@@ -5,7 +5,7 @@ the policy as a Hugging Face directory (model/, export.py) for loading it elsewh
 A checkpoint is written to a temporary folder, flushed, then renamed, and only then named in LATEST
 (written the same way), so LATEST always names a complete checkpoint and one cut short is never
 resumed from. With it goes what the pivot planner has learned (engine-step fits, shift costs, lengths
-seen) and, with --max-staleness K > 0, the K steps generated and judged ahead of the update
+seen, the training speed) and, with --max-staleness K > 0, the K steps generated and judged ahead of the update
 (pending.json), and where the data stream stands (the prompts drawn so far). Nothing else needs saving for
 an exact resume: every sample's seed and a forced shift schedule are functions of (seed, step), the data
 order of the seed, and the metrics so far are in OUT already.

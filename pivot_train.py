@@ -663,7 +663,7 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
     queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
-                        train_per_s=placement.train_per_s, train_pool=train_pool,
+                        train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
@@ -676,10 +676,10 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
     counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics(),
-               queues.train_per_s, queues.reloaded, len(queues.ahead.samples) if queues.ahead else 0)
+               queues.train_speed.per_s, queues.reloaded, len(queues.ahead.samples) if queues.ahead else 0)
               if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, judged, migrated, engines, placement.train_per_s, reloaded, ran_ahead = counts[0]
+    failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead = counts[0]
     # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and the
     # plan: the rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]

@@ -320,6 +320,22 @@ def _sums(points: list[tuple[float, float]], weight: float) -> tuple[float, ...]
             weight * sum(x * x for x, _ in points), weight * sum(x * y for x, y in points))
 
 
+class TrainSpeed:
+    """The training speed: prompt and response tokens per second per train rank through forward and
+    backward, what early training's share of ranks is sized by. One estimate per run, kept across steps
+    (and in the planner's state across a resume): each measurement, an update's or an early train
+    round's, moves it halfway from where it stood."""
+
+    PRIOR = 2e3  # about what the built-in task's models train at on CPU, before anything is measured
+
+    def __init__(self, per_s: float = PRIOR):
+        self.per_s = per_s
+
+    def observe(self, per_s: float) -> None:
+        """A measured speed, in the estimate's units."""
+        self.per_s = 0.5 * self.per_s + 0.5 * per_s
+
+
 class LengthEstimate:
     """How many tokens a sequence that has generated g still has to go, from lengths seen (say, the
     previous step's responses): the mean excess of those longer than g, or the budget's rest when none
@@ -368,8 +384,9 @@ def parse_split(text: str, world_size: int) -> list[str]:
 
 class LoopPlanner:
     """The training loop's plan function, plan(roles, queues, rng) -> roles, over `plan`. It keeps what
-    the planner needs across rounds: a fit of each engine's step time, measured by the ranks, and each
-    rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here).
+    the planner needs across rounds: a fit of each engine's step time, measured by the ranks, each
+    rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here),
+    and the training speed (`train`), which the loop's measurements of it update. `speeds` are the priors.
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
     prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
@@ -387,6 +404,7 @@ class LoopPlanner:
         self.lengths, self.critiques = lengths, critiques
         self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
                      for role, s in ((Role.ROLLOUT, speeds.rollout), (Role.JUDGE, speeds.judge))}
+        self.train = TrainSpeed(speeds.train_per_s)
         self.since: list[float] | None = None
 
     def __call__(self, roles: list[str], queues, rng=None) -> list[str]:
@@ -405,11 +423,11 @@ class LoopPlanner:
         return apply_moves(roles, moves)
 
     def state(self) -> dict:
-        """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks."""
+        """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks, training speed."""
         return {"fits": {role: list(fit.sums) for role, fit in self.fits.items()},
                 "costs": [[a, b, cost] for (a, b), cost in self.costs.items()],
                 "lengths": self.lengths.lengths.tolist(), "critiques": self.critiques.lengths.tolist(),
-                "since": self.since, "train_per_s": self.speeds.train_per_s}
+                "since": self.since, "train_per_s": self.train.per_s}
 
     def load_state(self, state: dict) -> None:
         for role, sums in state["fits"].items():
@@ -418,16 +436,17 @@ class LoopPlanner:
         self.lengths = LengthEstimate(state["lengths"], self.lengths.budget)
         self.critiques = LengthEstimate(state["critiques"], self.critiques.budget)
         self.since = state["since"]
-        self.speeds = replace(self.speeds, train_per_s=state["train_per_s"])
+        self.train.per_s = state["train_per_s"]  # in place: the loop's Placement holds this same estimate
 
     def measured_speeds(self) -> Speeds:
         engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
                    for role, fit in self.fits.items()}
-        return replace(self.speeds, **engines)
+        return replace(self.speeds, train_per_s=self.train.per_s, **engines)
 
     def work(self, queues) -> Work:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
-        rolling = [g for role, g in running if role == Role.ROLLOUT] + [len(r.generated) for r in queues.queue[Role.ROLLOUT]]
+        rolling = ([g for role, g in running if role == Role.ROLLOUT]
+                   + [len(r.generated) for r in queues.queue[Role.ROLLOUT]])
         prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
@@ -438,7 +457,8 @@ class LoopPlanner:
         return step_work(
             rolling=rolling, judging=[g for role, g in running if role == Role.JUDGE],
             rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue[Role.ROLLOUT]),
-            judge_waiting=len(queues.queue[Role.JUDGE]), judge_prefill=sum(len(r.prompt_ids) for r in queues.queue[Role.JUDGE]),
+            judge_waiting=len(queues.queue[Role.JUDGE]),
+            judge_prefill=sum(len(r.prompt_ids) for r in queues.queue[Role.JUDGE]),
             judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready,
             train_tokens=done_tokens + coming * (prompt + self.lengths.mean()),
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)

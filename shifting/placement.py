@@ -6,9 +6,7 @@ judges, and the ranks that train at its end. The algorithm is the same in every 
   pivot          the planner (planner.py) moves ranks between roles while the step runs
 `--force-shifts SEED` replaces any placement's plan by a seeded random one, to exercise migration.
 """
-from dataclasses import replace
-
-from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, parse_split
+from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed, parse_split
 from roles import ROLES, Role
 from shifting.scheduler import Rounds, colocated_plan, forced_plan
 
@@ -24,19 +22,19 @@ class Placement:
         # work through them while the others roll out and judge.
         overlaps = args.placement == "pivot" or (args.placement == "disaggregated" and args.max_staleness > 0)
         self.early_train = overlaps and args.force_shifts is None and args.minibatches == 1
-        # Prompt and response tokens per second per train rank through forward and backward: a prior
-        # (about what the built-in task's models train at here) that each step's measurements replace.
-        self.train_per_s = 2e3
         self.planner = None
         if args.placement == "pivot":
             # Priors only: the planner refits engine speeds every round and shift costs every step.
             engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
-            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=self.train_per_s),
+            self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=TrainSpeed.PRIOR),
                                        # a move between roles, and a train group's reshard
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == Role.TRAIN},
                                        LengthEstimate([], args.max_response_tokens),
                                        LengthEstimate([], args.max_critique_tokens),
                                        PlannerConfig(early_train=self.early_train, min_train_ranks=1))
+        # The run's one estimate of the training speed (the pivot planner's, where there is one): every
+        # early train round measures it (StepQueues.ingest), and each update of a pivot run (`learn`).
+        self.train_speed = self.planner.train if self.planner else TrainSpeed()
 
     def start_roles(self) -> list[str]:
         return list(self.split) if self.split else [Role.ROLLOUT] * self.world_size
@@ -62,7 +60,6 @@ class Placement:
     def load_state(self, state: dict | None) -> None:
         if self.planner is not None and state is not None:
             self.planner.load_state(state)
-            self.train_per_s = self.planner.speeds.train_per_s
 
     def learn(self, samples, shifts: list[dict], stats: dict) -> None:
         """The pivot planner's view of the next step: this step's lengths, the training speed and the
@@ -70,8 +67,7 @@ class Placement:
         if self.planner is None:
             return
         if "train_tokens_per_s" in stats:  # measured in a step that trained something
-            self.train_per_s = 0.5 * self.train_per_s + 0.5 * stats["train_tokens_per_s"]
-            self.planner.speeds = replace(self.planner.speeds, train_per_s=self.train_per_s)
+            self.train_speed.observe(stats["train_tokens_per_s"])
         self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
         self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
         for shift in shifts:

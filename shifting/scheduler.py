@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 import faults
+from planner import TrainSpeed
 from roles import ENGINE_ROLES, ROLES, Role
 from roles.engine import Completion, Request
 from roles.judge import Judge, ParseFailure, Verdict
@@ -181,7 +182,7 @@ class StepQueues:
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
     def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
-                 train_per_s: float = 1e4, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
+                 train_speed: TrainSpeed | None = None, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                  filter_groups: int | None = None, version: int = 0, ahead: list[dict] | None = None,
                  carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
@@ -218,8 +219,9 @@ class StepQueues:
         self.shifts: list[dict] = []  # made while rolling out and judging, round by round in rank order
         self.shift_s = 0.0  # their seconds: the longest of each round, summed
         # Early training: the judged groups the train ranks have trained on (prompt indices), what they
-        # summed, and their measured prompt and response tokens per second per rank.
-        self.early_train, self.train_per_s = early_train, train_per_s
+        # summed, and the training speed their rounds measure (the run's estimate, Placement.train_speed).
+        self.early_train = early_train
+        self.train_speed = TrainSpeed() if train_speed is None else train_speed
         # The scored samples of an earlier step that this step's update trains on (--max-staleness > 0),
         # by key; None: this step's own.
         self.train_pool = None if train_pool is None else {s.key: s for s in train_pool}
@@ -309,7 +311,7 @@ class StepQueues:
             self.reloaded += report.reloaded
         made = [r.update for r in reports if r.update]
         if made:  # every train rank reports the same statistics
-            self.update = {**made[0], "train_tokens_per_s": self.train_per_s}
+            self.update = {**made[0], "train_tokens_per_s": self.train_speed.per_s}
         trainers = [r for r in reports if r.trained]
         if trainers:  # every train rank reports the group's sums: count them once
             groups = trainers[0].trained["groups"]
@@ -322,7 +324,7 @@ class StepQueues:
                 pool = self.train_samples()
                 tokens = sum(len(pool[(p, g)].prompt_ids) + len(pool[(p, g)].response_ids)
                              for p in groups for g in range(self.group_size))
-                self.train_per_s = 0.5 * self.train_per_s + 0.5 * tokens / (seconds * len(trainers))
+                self.train_speed.observe(tokens / (seconds * len(trainers)))
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
 
     def _judged(self, verdict: Verdict) -> None:

@@ -12,6 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 POLICY, JUDGE = ROOT / "models/arith-policy", ROOT / "models/arith-genrm"
+UNIT = ROOT / "tests/unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(items):
+    """Every test outside unit/ (distributed/, e2e/) starts processes under torchrun: `slow` (pytest.ini)
+    by its folder, so `-m "not slow"` selects unit/ alone and no test file writes the mark."""
+    for item in items:
+        if UNIT not in item.path.parents:
+            item.add_marker(pytest.mark.slow)
 
 # A small run of the built-in task: 3 steps of 16 samples, a checkpoint after each, evaluation at the start
 # and the end. Placements whose samples depend on the seed alone, with their world sizes.

@@ -3,11 +3,7 @@ from configs, reload into vLLM and export to Hugging Face directories (runs of t
 tests/e2e/test_architectures.py)."""
 import json
 
-import pytest
-
 from conftest import ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_trained_weights_reload_into_vllm_and_export_for_each_architecture(arch_models, tmp_path):

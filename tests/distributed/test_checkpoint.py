@@ -1,10 +1,6 @@
 import json
 
-import pytest
-
 from conftest import ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_checkpoint_and_export_stream_the_state_without_a_full_copy(tmp_path):

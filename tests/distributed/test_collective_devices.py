@@ -1,10 +1,6 @@
 import json
 
-import pytest
-
 from conftest import ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_tensor_group_collectives_take_device_tensors(tmp_path, tiny_models):

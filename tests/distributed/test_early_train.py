@@ -6,8 +6,6 @@ import pytest
 from conftest import POLICY, ROOT, torchrun
 from roles.trainer import LOSS_AGGS
 
-pytestmark = pytest.mark.slow
-
 
 def test_early_training_gives_the_update_of_the_whole_step(tmp_path):
     """Under each --loss-agg: its weights are each response's own, so early sums add up to the step's."""

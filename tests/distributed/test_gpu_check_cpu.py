@@ -2,12 +2,9 @@
 at once: tests/unit/test_gpu_check.py)."""
 import json
 
-import pytest
-
 from conftest import ROOT, torchrun
 
 
-@pytest.mark.slow
 def test_its_checks_pass_on_cpu_where_they_need_no_cuda(tmp_path, tiny_models):
     policy, _ = tiny_models
     torchrun(ROOT / "tests/workers/gpu_check_cpu.py", policy, tmp_path)

@@ -1,10 +1,6 @@
 import json
 
-import pytest
-
 from conftest import ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_sleep_mode_engine_wakes_loads_and_sleeps_in_order(tmp_path, tiny_models):

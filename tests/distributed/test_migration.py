@@ -1,10 +1,6 @@
 import json
 
-import pytest
-
 from conftest import POLICY, ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_migrated_sequences_match_uninterrupted_ones(tmp_path):

@@ -1,11 +1,7 @@
 """Sequence migration under seeded random shift schedules (--force-shifts), two ranks, real engines."""
 import json
 
-import pytest
-
 from conftest import JUDGE, POLICY, ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 TRIALS = 12
 

@@ -6,8 +6,6 @@ import pytest
 from conftest import ROOT, torchrun
 from shifting.context import ROLES, STAGES
 
-pytestmark = pytest.mark.slow
-
 
 def test_every_shift_pair_then_resize_on_two_ranks(tmp_path, tiny_models):
     torchrun(ROOT / "tests/workers/shifts.py", *tiny_models, tmp_path)

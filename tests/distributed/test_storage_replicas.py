@@ -7,7 +7,6 @@ import pytest
 from conftest import ROOT, torchrun
 
 
-@pytest.mark.slow
 def test_two_local_ranks_share_one_copy(tmp_path):
     """Every rank reads, for each version, the tensors the node's writer (rank 0) handed in, bit for bit,
     not its own: one copy per node."""
@@ -22,7 +21,6 @@ def test_two_local_ranks_share_one_copy(tmp_path):
             assert seen["tensors"] == writer and (rank == 0 or seen["tensors"] != own)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("nproc, nodes", [(2, 1), (2, 2), (3, 3), (4, 2)])
 def test_every_replica_holds_exactly_what_was_written(tmp_path, nproc, nodes):
     """Publishes where every rank, one rank, a few rows or no rank write, on one node, on two and three
@@ -43,7 +41,6 @@ def test_every_replica_holds_exactly_what_was_written(tmp_path, nproc, nodes):
                                                                for p in ranks[0]["publishes"]]
 
 
-@pytest.mark.slow
 def test_one_copy_per_node_whatever_the_local_ranks(tmp_path):
     """Resident memory of the storage summed over a node's ranks (Pss) is one copy, for 1 rank or 2."""
     totals = {}

@@ -1,10 +1,6 @@
 import json
 
-import pytest
-
 from conftest import ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_only_the_current_and_previous_train_groups_are_kept(tmp_path, tiny_models):

@@ -1,12 +1,9 @@
 """The FSDP2 trainer on two gloo ranks against plain single-process computations."""
 import json
 
-import pytest
 import torch
 
 from conftest import POLICY, ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def untied_model(path):

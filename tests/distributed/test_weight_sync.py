@@ -1,10 +1,6 @@
 import json
 
-import pytest
-
 from conftest import POLICY, ROOT, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def test_grpo_step_on_two_ranks_then_publish_and_reload(tmp_path):

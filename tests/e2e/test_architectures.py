@@ -7,8 +7,6 @@ import pytest
 
 from conftest import ROOT, torchrun
 
-pytestmark = pytest.mark.slow
-
 
 def write_data(path, n, long_prompts=0):
     """Addition prompts with references and rubrics; `long_prompts` of them too long for --max-model-len 256."""

@@ -5,7 +5,6 @@ import pytest
 from conftest import ROOT, metrics, torchrun
 
 
-@pytest.mark.slow
 def test_near_greedy_samples_score_as_the_greedy_answers(tmp_path):
     """At a temperature of 1e-4 every sampled answer is the greedy one: avg@3 is the greedy accuracy."""
     out = tmp_path / "run"
@@ -15,7 +14,6 @@ def test_near_greedy_samples_score_as_the_greedy_answers(tmp_path):
     assert record["eval_accuracy_avg@3"] == record["eval_accuracy"]
 
 
-@pytest.mark.slow
 def test_a_run_reports_avg_at_k_at_every_evaluation(uninterrupted):
     out, proc = uninterrupted("pivot-filter")
     evals = [r for r in metrics(out) if "eval_accuracy" in r]

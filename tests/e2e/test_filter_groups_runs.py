@@ -3,8 +3,6 @@ its informative groups, draws the data stream's prompts in order, and draws the 
 across a restart (the step's queues by hand: tests/unit/test_filter_groups.py)."""
 import json
 
-import pytest
-
 from conftest import ROOT, SMALL_STEPS, metrics, same_run, samples, small_run
 from tasks.dataset import load_records, stream_prompts
 
@@ -17,7 +15,6 @@ def step_rows(out):
     return rows
 
 
-@pytest.mark.slow
 def test_a_run_trains_only_informative_groups_and_its_counts_add_up(uninterrupted):
     """Pivot (early training, the planner) wanting 4 informative groups of 4, at most 16 prompts a step:
     every admitted prompt yields G samples judged once, the update trains exactly the groups of unequal
@@ -47,7 +44,6 @@ def test_a_run_trains_only_informative_groups_and_its_counts_add_up(uninterrupte
     assert position == len(drawn_prompts)
 
 
-@pytest.mark.slow
 def test_a_filtered_run_stopped_and_resumed_draws_as_one_in_another_placement(uninterrupted, tmp_path):
     """Colocated, stopped after its first step and run again: the same prompts drawn, the same samples
     left out and trained, the same rewards as the pivot run (its state to float rounding: pivot trains
@@ -61,7 +57,6 @@ def test_a_filtered_run_stopped_and_resumed_draws_as_one_in_another_placement(un
         assert [r.get(key) for r in metrics(cut)] == [r.get(key) for r in metrics(pivot)], key
 
 
-@pytest.mark.slow
 def test_a_step_with_no_informative_group_at_its_cap_trains_nothing(tmp_path):
     """Every reward 0 (the exact-match source alone, against references no answer gives): the step draws
     its 3 prompts, leaves all 3 groups out, says it is capped, and the weights stay the starting ones."""

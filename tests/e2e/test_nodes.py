@@ -4,11 +4,7 @@ one node of two ranks with the same flags. Across nodes the storage's rows trave
 GPU nodes), and checkpoints are restored into every node's replica."""
 import shutil
 
-import pytest
-
 from conftest import SMALL_STEPS, metrics, same_run, small_run
-
-pytestmark = pytest.mark.slow
 
 
 def crossed_nodes(out) -> list[int]:

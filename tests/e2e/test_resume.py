@@ -15,8 +15,6 @@ import pytest
 
 from conftest import ROOT, SMALL_STEPS, restarted, same_run, small_run
 
-pytestmark = pytest.mark.slow
-
 _pick = random.Random(int(os.environ.get("PIVOT_KILL_SEED", "0")))
 # (placement, rank, point, how many times that rank surely passes the point in the run); the planner
 # moves pivot ranks as it measures, so a pivot rank surely rolls out only in the first few engine steps.

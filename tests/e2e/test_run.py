@@ -3,11 +3,7 @@ tests/e2e/test_resume.py): a planner-driven pivot run against a colocated one, a
 import json
 import re
 
-import pytest
-
 from conftest import ROOT, SMALL, SMALL_STEPS, same_run, torchrun
-
-pytestmark = pytest.mark.slow
 
 
 def rows(out, name):

@@ -11,8 +11,6 @@ import pytest
 
 from conftest import SMALL_STEPS, metrics, restarted, same_run, samples, small_run
 
-pytestmark = pytest.mark.slow
-
 
 def updates(out):
     return [r for r in metrics(out) if "reward_mean" in r]

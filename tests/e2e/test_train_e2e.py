@@ -5,8 +5,6 @@ import pytest
 
 from conftest import ROOT, torchrun
 
-pytestmark = pytest.mark.slow
-
 
 def test_colocated_run_learns_from_the_judge(tmp_path):
     out = tmp_path / "run"
