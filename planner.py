@@ -451,7 +451,7 @@ class LoopPlanner:
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()
-        if not queues.early_train:  # the rounds hand no group out: a step rolled out before the first update (K > 0)
+        if not queues.early_train:  # its rounds hand no group out: a step rolled out before the first update
             ready = 0
         coming = len(rolling) if queues.train_pool is None else 0
         return step_work(
