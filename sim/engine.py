@@ -543,10 +543,10 @@ class Simulation:
         """The rest of `step`'s update (colocated, pivot: on every slot; disaggregated: its train slots),
         publishing, the rollout engines' reload."""
         everyone = self.placement != "disaggregated"
-        # An earlier step's groups all trained while the step ran: the train slots made the update then
-        # (pivot_train.py's update_during_rollout), and no slot moves to train for it.
-        made = self.max_staleness > 0 and self._early_train() and step.train_done >= step.train_ready
-        if everyone and not made:  # the update waits for its whole group
+        # Made at a round's start while the step ran (book.update_due; pivot_train.py's
+        # update_during_rollout), the update needs no slot to move to train. One whose last groups were
+        # trained in the step's last round is made now, by its whole group, as the loop makes it.
+        if everyone and not self.made:  # the update waits for its whole group
             self._apply([Role.TRAIN] * len(self.slots), grads=step.train_done > 0)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_ready - step.train_done, max(1, len(trainers))

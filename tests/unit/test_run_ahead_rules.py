@@ -142,3 +142,28 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
     assert {args[0]: answer for _, rule, args, answer in calls if rule == "ahead_step"} == \
         loop_ahead(max_staleness, steps + max_staleness)  # the run's updates: the loop's --steps
     assert extended and extended == published(calls)
+
+
+def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot(monkeypatch):
+    """As the loop does (pivot_train.to_train, then train_step): where no round's start made the update,
+    because its last groups were trained in the step's last round (this run's second update), every pivot
+    slot moves to train for it; one made during the step needs no move."""
+    cal = C.preset(C.load(), "paper")
+    model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
+    sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=1,
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+    moves, ends, apply, finish = [], [], sim._apply, sim._finish
+
+    def record_apply(roles, grads):
+        moves.append(list(roles))
+        apply(roles, grads)
+
+    def record_finish(step):
+        made, trained, before = sim.made, step.train_done >= step.train_ready, len(moves)
+        finish(step)
+        ends.append((made, trained, ["train"] * 8 in moves[before:]))
+
+    monkeypatch.setattr(sim, "_apply", record_apply)
+    monkeypatch.setattr(sim, "_finish", record_finish)
+    sim.run(2)
+    assert ends == [(True, True, False), (False, True, True), (False, False, True)]  # the last: the drain
