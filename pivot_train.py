@@ -88,7 +88,7 @@ from roles.judge import JUDGE_KINDS, PARSE_RULES, Judge, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
-from shifting.book import ROUND_STEPS
+from shifting import book
 from shifting.context import RoleContext
 from shifting.placement import Placement
 from shifting.scheduler import StepQueues, generate, publish_update
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the sampling logprobs, whose clip then bounds how far an update moves from them")
     p.add_argument("--rollout-is-threshold", type=float, default=2.0,
                    help="the rollout correction's truncation: no weight above it")
-    p.add_argument("--round-steps", type=int, default=ROUND_STEPS,
+    p.add_argument("--round-steps", type=int, default=book.ROUND_STEPS,
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
                         "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
     # run
@@ -547,16 +547,16 @@ def main(argv=None):
         return [train_set[i] for i in stream_prompts(len(train_set), first, step_draw(args), args.seed)]
 
     # --max-staleness K > 0: the next step's work that a step began, once its update was published during
-    # it (rank 0 keeps it), and whether the current update's step may begin the next: not when the
-    # update ends in a checkpoint, which holds whole steps, none in flight.
-    carried, run_ahead = None, False
+    # it (rank 0 keeps it).
+    carried = None
 
-    def roll_out(step: int, train_pool: list[Sample] | None):
+    def roll_out(step: int, train_pool: list[Sample] | None, ahead: int | None = None):
+        """`ahead`: the step that may begin during this one (book.ahead_step), its prompts the next in the
+        data stream; None: none."""
         nonlocal position, carried
-        ahead = (prompts(step, later=1) or None) if run_ahead else None  # None: no next step to begin
         samples, early, generation, carried = rollout_and_judge(
             d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, train_pool=train_pool,
-            skipped_in_row=skipped_in_row, ahead=ahead, carried=carried)
+            skipped_in_row=skipped_in_row, ahead=None if ahead is None else prompts(step, later=1), carried=carried)
         position += len(samples) // args.group_size  # every prompt drawn yields G samples
         return samples, early, generation
 
@@ -569,7 +569,6 @@ def main(argv=None):
             log_step(d, out, record, board, args.steps, clock)
             break
         begin, cpu = time.perf_counter(), cpu_ticks()
-        run_ahead = args.max_staleness > 0 and not checkpoint_due(step, args)
         samples, trained, early, generation = rollout_for_update(step, pending, roll_out, args)
         record.update(staleness_metrics(trained, step, args.max_staleness))
         shifts = generation.pop("shifts")
@@ -631,9 +630,11 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
     K = 0 those are step `step`'s, rolled out now. At K > 0 they are the oldest of `pending` (the steps
     rolled out ahead, whose updates are still to come), which the train ranks work through during the
     rounds of step + K, rolled out and judged now and added to `pending`; before the first update the
-    first K steps are rolled out with nothing to train (their figures go into this update's).
-    `roll_out(step, train_pool)` is `rollout_and_judge` for that step. Returns (the samples rolled out,
-    the samples to train, what early training did, the rollout's figures)."""
+    first K steps are rolled out with nothing to train (their figures go into this update's). The step
+    rolled out beside the update may begin the next (book.ahead_step): not where the update ends in a
+    checkpoint. `roll_out(step, train_pool, ahead)` is `rollout_and_judge` for that step, `ahead` the
+    step that may begin during it. Returns (the samples rolled out, the samples to train, what early
+    training did, the rollout's figures)."""
     fill = {key: 0 for key in FILL_COUNTS} | {"shifts": []}
     ahead, beside = pipeline.rollouts(step, len(pending), args.max_staleness, args.steps)
     for filled_step in ahead:
@@ -641,7 +642,8 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
         pending.append(filled)
         fill = {key: fill[key] + generation[key] for key in fill}
     pool = pending.popleft() if args.max_staleness else None
-    samples, early, generation = roll_out(beside, pool)
+    next_step = book.ahead_step(beside, args.max_staleness, args.steps, checkpoint_due(step, args))
+    samples, early, generation = roll_out(beside, pool, next_step)
     if pool is not None and samples:
         pending.append(samples)
     generation = {**generation, **{key: fill[key] + generation[key] for key in fill}}

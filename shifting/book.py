@@ -1,5 +1,8 @@
-"""Rules of the scheduling book that the training loop (shifting/scheduler.py) and the simulator
-(sim/engine.py) both follow. Pure: no torch, no engines, no clocks, so the simulator imports it as it is."""
+"""Rules of the scheduling book that the training loop (shifting/scheduler.py, pivot_train.py) and the
+simulator (sim/engine.py) both follow: how long a round lasts and when it ends early, how a role's queue
+is shared among its engines, and at --max-staleness K > 0 when the update is made and published during
+the step and which step begins ahead of it (the partial rollout). Pure: no torch, no engines, no clocks,
+so the simulator imports it as it is."""
 import heapq
 import math
 
@@ -48,3 +51,26 @@ def shares(queued: int, in_flight: list[int], capacity: int) -> list[int]:
         if n + 1 < capacity:
             heapq.heappush(room, (n + 1, rank))
     return take
+
+
+def update_due(early: bool, trained: bool, made: bool) -> bool:
+    """--max-staleness K > 0: whether the train ranks make the update now, at a round's start while the
+    step goes on (once the last reports are read). `early`: its groups are an earlier step's, all judged
+    as the step starts, which the train ranks work through during it (a placement that trains early);
+    `trained`: they have trained every one; `made`: they made it at an earlier round's start. An update
+    whose last group is trained in the step's last round is made after the step, as at K = 0."""
+    return early and trained and not made
+
+
+def publish_due(made: bool, published: bool, ahead: bool) -> bool:
+    """Whether the update goes out now, at a round's start while the step goes on: made at an earlier
+    round's start (`update_due`), not published yet, and a next step to begin (`ahead`: `ahead_step` gave
+    one), whose prompts join the queue at once. Else it goes out at the step's end."""
+    return made and not published and ahead
+
+
+def ahead_step(step: int, max_staleness: int, steps: int, checkpoint: bool) -> int | None:
+    """The step that may begin during step `step`'s rollout, once the update beside it is published: at
+    --max-staleness K > 0 the next one, unless the run's `steps` leave none to roll out or the update
+    ends in a `checkpoint`, which holds whole steps, none in flight. None: no step begins ahead."""
+    return step + 1 if max_staleness > 0 and not checkpoint and step + 1 < steps else None

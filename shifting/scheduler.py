@@ -34,9 +34,11 @@ training overlaps rollout and judging; without K they are this step's, as each i
 ranks have trained every group of the pool they make the update at the next round's start, and at the
 round after it is published (every rank takes part): each rollout rank exports its sequences in flight,
 loads the new weights and adds them back (a migration to itself: they go on under the new version,
-re-prefilled), and the next step's prompts join the queue (`StepQueues.publish`). The step ends with its
-own last critique; the next step's work begun by then is carried into it (`carry`). Each request keeps
-the versions that sampled its tokens (`Request.versions`).
+re-prefilled), and the next step's prompts join the queue (`StepQueues.publish`), where a next step may
+begin (pivot_train.py passes its prompts). When to make, when to publish, and which step begins are
+rules of shifting/book.py (update_due, publish_due, ahead_step), which the simulator follows too. The step
+ends with its own last critique; the next step's work begun by then is carried into it (`carry`). Each
+request keeps the versions that sampled its tokens (`Request.versions`).
 
 With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `batch` holds
 every prompt it may draw. The first --prompts-per-step are queued; each group judged whose rewards are all
@@ -62,7 +64,7 @@ from roles.engine import Completion, Request
 from roles.judge import Judge, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import NO_EARLY, add_early, grpo_advantages, informative
-from shifting.book import POLL_S, RECENT_STEPS, empty_enough, round_seconds, shares
+from shifting import book
 from tasks import longtail
 
 
@@ -85,10 +87,10 @@ class RoundEnd:
     (a look-up is a round trip to the store, some 0.1-0.3 ms): so no rank idles while another finishes a
     long step, a long prefill or a training share, and the exchange comes once all are ready for it."""
 
-    def __init__(self, store, world_size: int, step: int, poll_s: float = POLL_S):
+    def __init__(self, store, world_size: int, step: int, poll_s: float = book.POLL_S):
         self.store, self.world_size, self.step, self.poll_s = store, world_size, step, poll_s
         self.empty = world_size + 1  # what a rank run empty adds: arrivals alone never reach it
-        self.enough = empty_enough(world_size)
+        self.enough = book.empty_enough(world_size)
         self.round, self.last_poll, self.arrived = 0, 0.0, False
 
     def next(self) -> None:
@@ -211,7 +213,7 @@ class StepQueues:
         # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.step_seconds = round_steps, deque(maxlen=RECENT_STEPS)
+        self.round_steps, self.step_seconds = round_steps, deque(maxlen=book.RECENT_STEPS)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
@@ -258,8 +260,9 @@ class StepQueues:
         return self.ahead
 
     def publish_due(self) -> bool:
-        """Whether to publish the update now, during the step: it is made, and the step may run ahead."""
-        return self.ahead_batch is not None and self.update is not None and not self.published
+        """Whether to publish the update now, during the step (book.publish_due): it is made, not published
+        yet, and the step may run ahead (`ahead_batch`)."""
+        return book.publish_due(self.update is not None, self.published, self.ahead_batch is not None)
 
     def publish(self) -> int:
         """The update goes out at this round's start: the version published, and the next step's prompts
@@ -371,9 +374,11 @@ class StepQueues:
 
     def update_due(self) -> bool:
         """Whether the train ranks can make the update now: its groups are an earlier step's (a train pool),
-        every one of them is trained into their gradients, and it is not made yet. Its weights are
-        published at the next round's start if the step may run ahead (`publish_due`), else at its end."""
-        return self.early_train and bool(self.train_pool) and self.update is None and not self.ready_groups()
+        every one of them is trained into their gradients, and it is not made yet (book.update_due). Its
+        weights are published at the next round's start if the step may run ahead (`publish_due`), else at
+        its end."""
+        return book.update_due(self.early_train and bool(self.train_pool), not self.ready_groups(),
+                               self.update is not None)
 
     def train_tokens(self) -> tuple[int, int]:
         """Prompt and response tokens of the update's groups not trained yet: of those judged (ready now),
@@ -406,8 +411,8 @@ class StepQueues:
         least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
         ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
         median = statistics.median(self.step_seconds) if self.step_seconds else None
-        return Rounds(seconds=round_seconds(self.round_steps, median, max(self.step_seconds, default=0.0),
-                                            self.exchange_s), early=True)
+        return Rounds(seconds=book.round_seconds(self.round_steps, median, max(self.step_seconds, default=0.0),
+                                                 self.exchange_s), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
@@ -415,7 +420,7 @@ class StepQueues:
         work = [[] for _ in roles]
         for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
-            for rank, n in zip(ranks, shares(len(self.queue[role]), [in_flight[r] for r in ranks], capacity)):
+            for rank, n in zip(ranks, book.shares(len(self.queue[role]), [in_flight[r] for r in ranks], capacity)):
                 work[rank] = [self.queue[role].popleft() for _ in range(n)]
         return work
 

@@ -13,7 +13,7 @@ every slot), the new policy is published to storage, and the rollout engines loa
 the step starts: disaggregated's train slots, and pivot's where the planner sends them, work through
 them while the step rolls out and judges; once through they make the update, it is published at the
 round after, and the next step begins beside this one's tail (`Step.extend`, `Step.carry`), as the loop's
-StepQueues does.
+StepQueues does, by the same rules (shifting/book.py update_due, publish_due, ahead_step).
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
@@ -282,8 +282,9 @@ class Simulation:
             if rolled is None and beside < last:
                 rolled = Step(self.workload, self.rng, beside, version=update)
             assert rolled is None or rolled.index == beside
-            # At K > 0 an update made during the rollout is published then, and the next step begins.
-            self.ahead_index = beside + 1 if k and beside + 1 < last else None
+            # At K > 0 an update made during the rollout is published then, and the next step begins (no
+            # checkpoint is simulated).
+            self.ahead_index = book.ahead_step(beside, k, last, checkpoint=False)
             update_step = pending.popleft() if k else rolled
             timed, start = skip <= update < skip + steps, self.now
             if timed:
@@ -334,9 +335,10 @@ class Simulation:
                 self.rollout_end = self.now
             if step.judged == step.n:
                 break
-            if self.made and not self.published and self.ahead_index is not None:
+            if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()
-            self.made = self.made or self._made()
+            if self._update_due():
+                self.made = True
             roles, rnd = self._orders()
             self._apply(roles, grads=self._grads())
             self._dispatch()
@@ -358,12 +360,12 @@ class Simulation:
         if update is not None:
             self._finish(update)
 
-    def _made(self) -> bool:
-        """Whether the train slots make the update now, at the round's start (StepQueues.update_due): it is
-        an earlier step's, and they have trained every group of it."""
-        update = self.update
-        return self.max_staleness > 0 and update is not None and self._early_train() and \
-            update.train_done >= update.train_ready == float(update.tokens(slice(None)).sum())
+    def _update_due(self) -> bool:
+        """Whether the train slots make the update now, at the round's start (book.update_due, as
+        StepQueues.update_due): it is an earlier step's, and they have trained every group of it."""
+        update, early = self.update, self.max_staleness > 0 and self._early_train()
+        trained = early and update.train_done >= update.train_ready == float(update.tokens(slice(None)).sum())
+        return book.update_due(early, trained, self.made)
 
     def _publish(self) -> None:
         """The update made at the last round's start is published now, every slot taking part
@@ -541,10 +543,10 @@ class Simulation:
         """The rest of `step`'s update (colocated, pivot: on every slot; disaggregated: its train slots),
         publishing, the rollout engines' reload."""
         everyone = self.placement != "disaggregated"
-        # An earlier step's groups all trained while the step ran: the train slots made the update then
-        # (pivot_train.py's update_during_rollout), and no slot moves to train for it.
-        made = self.max_staleness > 0 and self._early_train() and step.train_done >= step.train_ready
-        if everyone and not made:  # the update waits for its whole group
+        # Made at a round's start while the step ran (book.update_due; pivot_train.py's
+        # update_during_rollout), the update needs no slot to move to train. One whose last groups were
+        # trained in the step's last round is made now, by its whole group, as the loop makes it.
+        if everyone and not self.made:  # the update waits for its whole group
             self._apply([Role.TRAIN] * len(self.slots), grads=step.train_done > 0)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_ready - step.train_done, max(1, len(trainers))

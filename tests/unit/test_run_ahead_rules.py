@@ -1,0 +1,169 @@
+"""--max-staleness K > 0: the run-ahead rules of the scheduling book (shifting/book.py update_due,
+publish_due, ahead_step) decide for the loop (rank 0's StepQueues, pivot_train.rollout_for_update) and
+the simulator (sim/engine.py) alike. Each rule is replaced by a spy that records who asked it what, so a
+side that decided by a rule of its own fails here; the loop is driven by hand, the simulator on a small
+workload."""
+import itertools
+import sys
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+
+import pivot_train
+import planner
+from roles.rollout import Sample
+from shifting import book
+from shifting.scheduler import NO_EARLY, Report, Rounds, StepQueues, _decide
+from sim import calibration as C
+from sim.engine import Simulation, Step
+
+G = 2
+ARGS = SimpleNamespace(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
+BATCH = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(2)]
+AHEAD = [{"prompt": f"{p}+2=", "prompt_ids": [5, 4 + p]} for p in range(2)]
+POOL = [Sample(p, g, [3], [5], [-1.0], "stop", reward=float(g)) for p in range(2) for g in range(G)]
+RULES = ("update_due", "publish_due", "ahead_step")
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """Every call of the three rules: (the calling module, the rule, its arguments, its answer)."""
+    calls = []
+    for name in RULES:
+        def spy(*args, rule=getattr(book, name), name=name, **kwargs):
+            answer = rule(*args, **kwargs)
+            calls.append((sys._getframe(1).f_globals["__name__"], name, args + tuple(kwargs.values()), answer))
+            return answer
+        monkeypatch.setattr(book, name, spy)
+    return calls
+
+
+def loop_queues(trained: bool, made: bool, published: bool, ahead: bool) -> StepQueues:
+    """Rank 0's queues of a step whose train ranks work through an earlier step's groups, in the given
+    state: both groups trained (`trained`) or one; the update made; published; a next step to begin."""
+    queues = StepQueues(BATCH, step=3, args=ARGS, early_train=True, train_pool=POOL, version=1,
+                        ahead=AHEAD if ahead else None)
+    queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1] if trained else [0]}, train_s=0.1)], 0.0)
+    if made:
+        queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
+    queues.published = published
+    return queues
+
+
+def test_the_loop_makes_and_publishes_the_update_by_the_book(asked):
+    """In every state rank 0 asks the book, with that state, and does as it answers."""
+    for trained, made, published, ahead in itertools.product((False, True), repeat=4):
+        queues = loop_queues(trained, made, published, ahead)
+        due = queues.update_due()
+        assert asked[-1] == ("shifting.scheduler", "update_due", (True, trained, made), due)
+        due = queues.publish_due()
+        assert asked[-1] == ("shifting.scheduler", "publish_due", (made, published, ahead), due)
+    # K = 0, or the pipeline's fill: the update trains no earlier step's groups, and waits for the step's end
+    queues = StepQueues(BATCH, step=3, args=ARGS, early_train=True)
+    assert not queues.update_due() and asked[-1][2][0] is False
+
+
+def loop_ahead(max_staleness: int, steps: int, checkpoint_every: int = 0) -> dict[int, int | None]:
+    """The loop over a run's updates (pivot_train.rollout_for_update, each step's rollout left out): the
+    step rolled out beside each update, and the step it may begin."""
+    args = SimpleNamespace(max_staleness=max_staleness, steps=steps, checkpoint_every=checkpoint_every)
+    begun, pending = {}, deque()
+
+    def roll_out(step, train_pool, ahead=None):
+        if train_pool is not None or not max_staleness:  # beside an update, not the pipeline's fill
+            begun[step] = ahead
+        return [step] if step < steps else [], {}, {key: 0 for key in pivot_train.FILL_COUNTS} | {"shifts": []}
+
+    for update in range(steps):
+        pivot_train.rollout_for_update(update, pending, roll_out, args)
+    return begun
+
+
+def test_the_loop_begins_ahead_the_step_the_book_says(asked):
+    assert loop_ahead(2, 6) == {2: 3, 3: 4, 4: 5, 5: None, 6: None, 7: None}
+    assert loop_ahead(1, 6, checkpoint_every=2) == {1: 2, 2: None, 3: 4, 4: None, 5: None, 6: None}
+    assert set(loop_ahead(0, 4).values()) == {None}
+    assert {who for who, rule, _, _ in asked if rule == "ahead_step"} == {"pivot_train"}
+
+
+def published(calls) -> list[int | None]:
+    """What the rules' calls, in order, say was published during a step: the step begun with each
+    publish (the last ahead_step asked; None where none was), each the round after the update was made
+    (a round asks publish_due, then update_due)."""
+    steps, ahead, last = [], None, None
+    for _, rule, _, answer in calls:
+        if rule == "ahead_step":
+            ahead = answer
+        elif rule == "publish_due" and answer:
+            assert last == ("update_due", True), "published other than at the round after the update was made"
+            steps.append(ahead)
+        last = rule, answer
+    return steps
+
+
+def keep(roles, queues, rng):
+    """A plan that moves no rank."""
+    return roles, Rounds()
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_the_loop_publishes_at_the_round_after_the_update_is_made(asked, ahead):
+    """Rank 0's decisions (scheduler._decide), round by round: the train rank is handed the pool, reports
+    it trained, is told to make the update, reports it made; the round after, every rank publishes."""
+    queues = StepQueues(BATCH, step=3, args=ARGS, early_train=True, train_pool=POOL, version=1,
+                        ahead=AHEAD if ahead else None)
+    roles = ["rollout", "judge", "train"]
+    reports = [[], [Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)],
+               [Report("train", update={"loss": 0.0})], []]
+    orders = [_decide([Report("rollout"), Report("judge"), *train], queues, keep, roles, None, 4, 0.0)
+              for train in reports]
+    assert [o[2].update is not None for o in orders] == [False, True, False, False]
+    assert [o[0].publish for o in orders] == [None, None, 2 if ahead else None, None]
+    assert published(asked) == ([None] if ahead else [])
+
+
+@pytest.mark.parametrize("placement, max_staleness, steps", [("disaggregated", 1, 2), ("disaggregated", 2, 2),
+                                                            ("pivot", 1, 2)])
+def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, monkeypatch, placement,
+                                                                         max_staleness, steps):
+    """Each update's ahead step is the one the loop gives over the same run; every round of a step asks
+    whether to publish, then whether to make the update; what the simulator begins ahead it begins at
+    the round after the update is made, and only where the book says."""
+    cal = C.load()
+    model = C.GpuModel(cal, "dense-8b-32b")
+    sim = Simulation(model, C.gpu_workload(cal, 4), 8, placement, max_staleness=max_staleness,
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+    extended, extend = [], Step.extend
+    monkeypatch.setattr(Step, "extend", lambda step, ahead: (extended.append(ahead.index), extend(step, ahead)))
+    sim.run(steps)
+    calls = list(asked)
+    assert {who for who, _, _, _ in calls} == {"sim.engine"}
+    assert {args[0]: answer for _, rule, args, answer in calls if rule == "ahead_step"} == \
+        loop_ahead(max_staleness, steps + max_staleness)  # the run's updates: the loop's --steps
+    assert extended and extended == published(calls)
+
+
+def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot(monkeypatch):
+    """As the loop does (pivot_train.to_train, then train_step): where no round's start made the update,
+    because its last groups were trained in the step's last round (this run's second update), every pivot
+    slot moves to train for it; one made during the step needs no move."""
+    cal = C.preset(C.load(), "paper")
+    model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
+    sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=1,
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+    moves, ends, apply, finish = [], [], sim._apply, sim._finish
+
+    def record_apply(roles, grads):
+        moves.append(list(roles))
+        apply(roles, grads)
+
+    def record_finish(step):
+        made, trained, before = sim.made, step.train_done >= step.train_ready, len(moves)
+        finish(step)
+        ends.append((made, trained, ["train"] * 8 in moves[before:]))
+
+    monkeypatch.setattr(sim, "_apply", record_apply)
+    monkeypatch.setattr(sim, "_finish", record_finish)
+    sim.run(2)
+    assert ends == [(True, True, False), (False, True, True), (False, False, True)]  # the last: the drain
