@@ -83,7 +83,7 @@ import report
 from planner import parse_split
 from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
 from roles import Role, logs
-from roles.engine import ENGINE_OVERHEAD_MB, MAX_STEP_TOKENS
+from roles.engine import ENGINE_OVERHEAD_MB
 from roles.judge import JUDGE_KINDS, PARSE_RULES, Judge, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
@@ -203,9 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
                         "an engine starts only where its weights, KV cache and this are free")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
-    p.add_argument("--max-step-tokens", type=int, default=MAX_STEP_TOKENS,
-                   help="tokens an engine step takes in at most (vLLM's max_num_batched_tokens): a longer prefill "
-                        "is chunked over several steps, so that no step holds the other ranks long at a round's end")
     p.add_argument("--max-staleness", type=int, default=0, metavar="K",
                    help="the update may train samples that weights up to K versions older sampled: it runs K steps "
                         "behind the rollout, overlapping it; 0: synchronous on-policy")
@@ -276,8 +273,6 @@ NUMBER_RULES = [
     ("judge_kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the judge engine's KV cache; unset: --kv-cache-mb)"),
     ("engine_overhead_mb", lambda v: v >= 0, "0 or more (MiB an engine takes on a GPU beyond weights and KV cache)"),
     ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
-    ("max_step_tokens", lambda v: v >= 1024, "at least 1024 (tokens an engine step takes in; vLLM needs at least its "
-                                            "max_num_seqs, up to 1024 on a GPU)"),
     ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
     ("max_staleness", lambda v: v >= 0, "0 or more (updates by which the rollout may run ahead; 0: on-policy)"),
     ("rollout_is_threshold", lambda v: v > 1, "above 1: the largest importance weight kept (verl uses 2.0)"),
@@ -504,7 +499,7 @@ def main(argv=None):
     # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
     # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs
     # and several nodes").
-    engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20, step_tokens=args.max_step_tokens)
+    engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20)
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=args.kv_cache_mb << 20, sleep_mode=True, **engines)
     judge = Judge(args.judge_model, judge_tok, template, seed=args.seed, max_model_len=args.max_model_len,

@@ -19,12 +19,6 @@ GIB = 1 << 30
 # What an engine takes on the device beyond its weights and KV cache (its profile run's activations,
 # CUDA graphs, sampler buffers): the margin of its start-up memory check (`--engine-overhead-mb`).
 ENGINE_OVERHEAD_MB = 1024
-# The tokens one engine step takes in at most (`--max-step-tokens`, vLLM's max_num_batched_tokens): vLLM's
-# own default (4096 on CPU, 8192-16384 on GPUs) lets one step prefill a whole batch of judge prompts, some
-# ten decode steps' worth of time, and a rank whose engine has run empty waits for the others' steps in
-# progress at the end of a round. Chunked (vLLM's chunked prefill, which goes on decoding the running
-# sequences beside each chunk), no step is much longer than a decode step.
-MAX_STEP_TOKENS = 1024
 
 
 @dataclass
@@ -78,7 +72,7 @@ class Engine:
 
     def __init__(self, model_dir: str, *, seed: int, max_model_len: int, kv_cache_bytes: int,
                  sleep_mode: bool = False, from_storage: bool = False,
-                 overhead_bytes: int = ENGINE_OVERHEAD_MB << 20, step_tokens: int = MAX_STEP_TOKENS):
+                 overhead_bytes: int = ENGINE_OVERHEAD_MB << 20):
         on_gpu = torch.cuda.is_available()
         self.on_gpu = on_gpu
         self.sleep_mode = on_gpu and sleep_mode  # vLLM's sleep and wake are no-ops on CPU
@@ -108,7 +102,6 @@ class Engine:
                 logprobs_mode="processed_logprobs",
                 enable_sleep_mode=self.sleep_mode,
                 enforce_eager=not on_gpu,
-                max_num_batched_tokens=step_tokens,
                 load_format="dummy" if from_storage else "auto",
                 log_level=logs.engine_log_level(),
                 use_tqdm_on_load=logs.showing_all(),

@@ -55,7 +55,7 @@ def eval_seed(seed: int, prompt_index: int, sample_index: int) -> int:
 class RolloutEngine:
     def __init__(self, policy_dir: str, tokenizer, *, seed: int, max_model_len: int, kv_cache_bytes: int,
                  **engine_options):
-        """`engine_options`: `Engine`'s sleep mode, weights from storage, device memory margin and step size."""
+        """`engine_options`: `Engine`'s sleep mode, weights from storage and device memory margin."""
         self.tokenizer = tokenizer
         self.engine = Engine(policy_dir, seed=seed, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
                              **engine_options)
