@@ -73,6 +73,10 @@ class Speeds:
     rollout: EngineSpeed
     judge: EngineSpeed
     train_per_s: float  # tokens per second per train rank, forward and backward
+    # An engine step's time while a rank trains beside it, over its time without: ranks that share cores
+    # and memory bandwidth slow each other (1: devices of their own). What an early train move costs the
+    # engine roles it leaves.
+    beside_train: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     have not trained by then; with `work.update_early`, nothing when they have trained it all)."""
     r, g, t = counts.get(Role.ROLLOUT, 0), counts.get(Role.JUDGE, 0), counts.get(Role.TRAIN, 0) if early_train else 0
     n = sum(counts.values())
+    if t:
+        speeds = replace(speeds, rollout=_slowed(speeds.rollout, speeds.beside_train),
+                         judge=_slowed(speeds.judge, speeds.beside_train))
     rollout = engine_seconds(speeds.rollout, r, work.rollout_seqs, work.rollout_tokens, work.rollout_longest,
                              work.rollout_prefill)
     judge = rollout
@@ -161,6 +168,11 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     if 0 < t < n:  # an early train group is made anew at the update, with every rank: a reshard all wait for
         to_train += costs.get((Role.TRAIN, Role.TRAIN), 0.0) * n
     return judge + (left + to_train) / n
+
+
+def _slowed(speed: EngineSpeed, factor: float) -> EngineSpeed:
+    return replace(speed, step_s=speed.step_s * factor, per_seq_s=speed.per_seq_s * factor,
+                   prefill_per_s=speed.prefill_per_s / factor)
 
 
 def engine_seconds(speed: EngineSpeed, k: int, seqs: int, tokens: float, longest: float, prefill: float) -> float:
@@ -386,7 +398,10 @@ class LoopPlanner:
     """The training loop's plan function, plan(roles, queues, rng) -> roles, over `plan`. It keeps what
     the planner needs across rounds: a fit of each engine's step time, measured by the ranks, each
     rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here),
-    and the training speed (`train`), which the loop's measurements of it update. `speeds` are the priors.
+    the training speed (`train`), which the loop's measurements of it update, and how much slower the
+    engines step while a rank trains beside them (`beside_train`, Speeds': the decode steps of each round
+    in which a rank trained against the fit of the others, halfway from where it stood each such round).
+    `speeds` are the priors.
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
     prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
@@ -394,8 +409,9 @@ class LoopPlanner:
     (whether its rounds hand judged groups to train ranks), `round_s` (the last
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
-    request has generated), `in_flight_tokens` (prompt + generated tokens of those requests) and
-    `steps` (the round's engine steps as (sequences, seconds, prefill tokens)).
+    request has generated), `in_flight_tokens` (prompt + generated tokens of those requests),
+    `steps` (the round's engine steps as (sequences, seconds, prefill tokens)) and `trained` (what it
+    trained early in the round, if anything).
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
@@ -405,6 +421,7 @@ class LoopPlanner:
         self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
                      for role, s in ((Role.ROLLOUT, speeds.rollout), (Role.JUDGE, speeds.judge))}
         self.train = TrainSpeed(speeds.train_per_s)
+        self.beside_train = speeds.beside_train
         self.since: list[float] | None = None
 
     def __call__(self, roles: list[str], queues, rng=None) -> list[str]:
@@ -412,10 +429,19 @@ class LoopPlanner:
         if self.since is None:
             self.since = [math.inf] * len(roles)
         self.since = [s + queues.round_s for s in self.since]
+        beside = any(r.trained for r in reports)  # a rank trained this round: the engines stepped beside it
+        measured = expected = 0.0
         for r in reports:
             for batch, seconds, prefill in r.steps:
-                if r.role in self.fits and not prefill:  # decode steps: prefill has its own rate
+                if r.role not in self.fits or prefill:  # decode steps: prefill has its own rate
+                    continue
+                if beside:
+                    fixed, per_seq = self.fits[r.role].fit()
+                    measured, expected = measured + seconds, expected + fixed + per_seq * batch
+                else:
                     self.fits[r.role].observe(batch, seconds)
+        if expected > 0:
+            self.beside_train = 0.5 * self.beside_train + 0.5 * measured / expected
         ranks = [Rank(role, rep.in_flight_tokens, since) for role, rep, since in zip(roles, reports, self.since)]
         moves = plan(ranks, self.work(queues), self.measured_speeds(), self.costs, self.config)
         for move in moves:
@@ -423,11 +449,12 @@ class LoopPlanner:
         return apply_moves(roles, moves)
 
     def state(self) -> dict:
-        """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks, training speed."""
+        """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks, the
+        training speed, the engines' slowdown beside training."""
         return {"fits": {role: list(fit.sums) for role, fit in self.fits.items()},
                 "costs": [[a, b, cost] for (a, b), cost in self.costs.items()],
                 "lengths": self.lengths.lengths.tolist(), "critiques": self.critiques.lengths.tolist(),
-                "since": self.since, "train_per_s": self.train.per_s}
+                "since": self.since, "train_per_s": self.train.per_s, "beside_train": self.beside_train}
 
     def load_state(self, state: dict) -> None:
         for role, sums in state["fits"].items():
@@ -437,11 +464,12 @@ class LoopPlanner:
         self.critiques = LengthEstimate(state["critiques"], self.critiques.budget)
         self.since = state["since"]
         self.train.per_s = state["train_per_s"]  # in place: the loop's Placement holds this same estimate
+        self.beside_train = state.get("beside_train", 1.0)  # a checkpoint from before it was measured: 1
 
     def measured_speeds(self) -> Speeds:
         engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
                    for role, fit in self.fits.items()}
-        return replace(self.speeds, train_per_s=self.train.per_s, **engines)
+        return replace(self.speeds, train_per_s=self.train.per_s, beside_train=self.beside_train, **engines)
 
     def work(self, queues) -> Work:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]

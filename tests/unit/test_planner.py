@@ -268,7 +268,7 @@ def test_parse_split():
 def test_loop_adapter_reads_step_queues():
     report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
         role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
-        steps=[(len(generated), seconds, 0)] if generated else [])
+        steps=[(len(generated), seconds, 0)] if generated else [], trained=None)
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
@@ -304,7 +304,7 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
     # A step rolled out before the first update (--max-staleness > 0): its groups are judged, but no train
     # rank gets them (StepQueues.early_train is False), so a rank sent to train would idle.
     report = lambda role, generated: SimpleNamespace(role=role, generated=generated,  # noqa: E731
-                                                     in_flight_tokens=sum(generated), steps=[])
+                                                     in_flight_tokens=sum(generated), steps=[], trained=None)
     queues = SimpleNamespace(
         batch=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
         queue={"rollout": [], "judge": []}, round_s=0.05, early_train=True,
@@ -317,3 +317,38 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
     fill = SimpleNamespace(**{**vars(queues), "early_train": False})
     assert adapter.work(fill).train_ready == 0
     assert "train" not in adapter(["judge", "judge"], fill)
+
+
+def test_engines_slowed_beside_training_make_early_training_pay_less():
+    # The judge's tail: one rank still writes its critiques while the other, empty, could train the judged
+    # groups early. Where a training rank slows the judge's engine steps enough, that no longer pays.
+    work = Work(judge_seqs=30, judge_tokens=30 * 40, judge_longest=60, train_ready=4000, train_tokens=8000)
+    held, config = [Rank("judge", 2000), Rank("judge", 0)], PlannerConfig(early_train=True)
+    cheap = {**costs(0.01), ("train", "train"): 0.05}
+    assert [m.dst for m in plan(held, work, SPEEDS, cheap, config)] == ["train"]
+    assert plan(held, work, replace(SPEEDS, beside_train=3.0), cheap, config) == []
+    counts = {"judge": 1, "train": 1}
+    assert finish_seconds(work, counts, replace(SPEEDS, beside_train=2.0), cheap, True) > \
+        finish_seconds(work, counts, SPEEDS, cheap, True)
+    assert finish_seconds(work, {"judge": 2}, replace(SPEEDS, beside_train=2.0), cheap, True) == \
+        finish_seconds(work, {"judge": 2}, SPEEDS, cheap, True)  # no rank trains: nothing slows
+
+
+def test_loop_adapter_measures_the_engines_beside_training():
+    # Judge steps of a round in which a rank trained take 1.5 times what the fit of the other rounds says:
+    # the adapter's estimate moves halfway there each such round, and those steps leave the fit alone.
+    report = lambda role, steps, trained: SimpleNamespace(  # noqa: E731
+        role=role, generated=[5] * 8, in_flight_tokens=80, steps=steps, trained=trained)
+    adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+    fixed, per_seq = adapter.fits["judge"].fit()
+    alone = fixed + per_seq * 8
+    queues = SimpleNamespace(batch=[{"prompt_ids": [0] * 10}], train_tokens=lambda: (0, 0), train_pool=None,
+                             early_train=True, queue={"rollout": [], "judge": []}, round_s=0.05,
+                             reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, None),
+                                      report("train", [], {"groups": [0]})])
+    adapter(["judge", "train"], queues)
+    assert adapter.measured_speeds().beside_train == pytest.approx(1.25)
+    assert adapter.fits["judge"].fit() == (fixed, per_seq)
+    adapter(["judge", "train"], queues)
+    assert adapter.measured_speeds().beside_train == pytest.approx(1.375)
+    assert adapter.state()["beside_train"] == pytest.approx(1.375)
