@@ -394,7 +394,7 @@ class LoopPlanner:
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
     request has generated), `in_flight_tokens` (prompt + generated tokens of those requests) and
-    `steps` (the round's engine steps as (sequences, seconds, prefill tokens)).
+    `engine_steps` (the round's engine steps as (sequences, seconds, prefill tokens)).
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
@@ -412,7 +412,7 @@ class LoopPlanner:
             self.since = [math.inf] * len(roles)
         self.since = [s + queues.round_s for s in self.since]
         for r in reports:
-            for batch, seconds, prefill in r.steps:
+            for batch, seconds, prefill in r.engine_steps:
                 if r.role in self.fits and not prefill:  # decode steps: prefill has its own rate
                     self.fits[r.role].observe(batch, seconds)
         ranks = [Rank(role, rep.in_flight_tokens, since) for role, rep, since in zip(roles, reports, self.since)]

@@ -70,10 +70,10 @@ from tasks import longtail
 
 @dataclass(frozen=True)
 class Rounds:
-    """How long every rank works before its next report: at most `steps` engine steps and at most
+    """How long every rank works before its next report: at most `engine_steps` engine steps and at most
     `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
     `early` it ends the round for every rank (the plan has other work for a rank that runs empty)."""
-    steps: int | None = None
+    engine_steps: int | None = None
     seconds: float | None = None
     early: bool = False
 
@@ -145,7 +145,7 @@ class Report:
     generated: list[int] = field(default_factory=list)  # tokens so far of each request in flight
     in_flight_tokens: int = 0  # their prompt + generated tokens
     # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
-    steps: list[tuple[int, float, int]] = field(default_factory=list)
+    engine_steps: list[tuple[int, float, int]] = field(default_factory=list)
     # Early training: the train group's sums over the groups it trained on this round (add_early's
     # keys, and `groups`: their prompt indices), and the seconds it took.
     trained: dict | None = None
@@ -163,7 +163,7 @@ class Report:
     @property
     def work_s(self) -> float:
         """Seconds this rank worked in the round: its shift, then engine steps or early training."""
-        return self.shift_s + sum(seconds for _, seconds, _ in self.steps) + self.train_s
+        return self.shift_s + sum(seconds for _, seconds, _ in self.engine_steps) + self.train_s
 
 
 @dataclass
@@ -213,7 +213,7 @@ class StepQueues:
         # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.step_seconds = round_steps, deque(maxlen=book.RECENT_STEPS)
+        self.round_steps, self.engine_step_seconds = round_steps, deque(maxlen=book.RECENT_ENGINE_STEPS)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
@@ -287,18 +287,18 @@ class StepQueues:
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
-        stepped = [r for r in reports if r.steps]
-        worked = [r.work_s for r in reports if r.steps or r.trained or r.shifts]
+        stepped = [r for r in reports if r.engine_steps]
+        worked = [r.work_s for r in reports if r.engine_steps or r.trained or r.shifts]
         if worked:
             self.rounds += 1
             self.rounds_work_s += max(worked)
         self.shifts += [record for r in reports for record in r.shifts]
         self.shift_s += max((r.shift_s for r in reports if r.shifts), default=0.0)
         for r in stepped:
-            for batch, seconds, prefill in r.steps:
+            for batch, seconds, prefill in r.engine_steps:
                 row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
                 row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
-                self.step_seconds.append(seconds)
+                self.engine_step_seconds.append(seconds)
         for report in reports:
             self.migrated += len(report.exported)
             for request in report.exported:
@@ -410,9 +410,9 @@ class StepQueues:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
         least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
         ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
-        median = statistics.median(self.step_seconds) if self.step_seconds else None
-        return Rounds(seconds=book.round_seconds(self.round_steps, median, max(self.step_seconds, default=0.0),
-                                                 self.exchange_s), early=True)
+        median = statistics.median(self.engine_step_seconds) if self.engine_step_seconds else None
+        longest = max(self.engine_step_seconds, default=0.0)
+        return Rounds(seconds=book.round_seconds(self.round_steps, median, longest, self.exchange_s), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
@@ -459,7 +459,7 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
             # The rank whose role has least left to do gives way.
             spare = [r for r, held in enumerate(roles) if held == Role.TRAIN or not queues.pending(held)]
             roles[rng.choice(spare) if spare else rng.randrange(len(roles))] = role
-    return roles, Rounds(steps=1)
+    return roles, Rounds(engine_steps=1)
 
 
 def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
@@ -516,9 +516,10 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             report.train_s += time.perf_counter() - start
         if engine is not None:
             engine.add(reloaded + orders.work)
-            finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
+            finished, report.engine_steps = _work(engine, orders, context.role, d.rank, timeline, ending)
             _read(report, finished, batches, rollout, judge)
-            (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
+            first = [seconds for _, seconds, _ in report.engine_steps[:1]]
+            (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(first)
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
         elif orders.rounds.seconds is not None:
             ending.arrive()  # nothing to step: this rank waits at the exchange
@@ -563,26 +564,26 @@ def _read(report: Report, finished: list[tuple[Request, Completion]], batches: d
 
 def _work(engine, orders: Orders, role: str, rank: int, timeline,
           ending: RoundEnd) -> tuple[list, list[tuple[int, float, int]]]:
-    """Steps `engine` until the round ends or it runs empty; returns what finished and the steps taken.
+    """Steps `engine` until the round ends or it runs empty; returns what finished and the engine steps taken.
     In a timed round, a rank past its time goes on stepping until every rank is past its own."""
-    finished, steps = [], []
+    finished, engine_steps = [], []
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
-    while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps):
+    while engine.in_flight() and (limit.engine_steps is None or len(engine_steps) < limit.engine_steps):
         if ending.stop(limit, start):
             break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
             finished += engine.step()
         faults.point(role, rank)
-        steps.append((batch, time.perf_counter() - begin, prefill))
+        engine_steps.append((batch, time.perf_counter() - begin, prefill))
         prefill = 0
     if limit.seconds is not None:
-        if limit.early and steps and not engine.in_flight():
+        if limit.early and engine_steps and not engine.in_flight():
             ending.end_now()  # this rank is free: the plan may have other work for it
         else:
             ending.arrive()
-    return finished, steps
+    return finished, engine_steps
 
 
 def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:

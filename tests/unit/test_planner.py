@@ -268,7 +268,7 @@ def test_parse_split():
 def test_loop_adapter_reads_step_queues():
     report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
         role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
-        steps=[(len(generated), seconds, 0)] if generated else [])
+        engine_steps=[(len(generated), seconds, 0)] if generated else [])
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None,
