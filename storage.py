@@ -376,10 +376,10 @@ class TrainState:
         """Collective over all ranks: each train rank writes its rows (`PolicyTrainer.state_rows`);
         ranks outside the train group pass None and write nothing."""
         self.state.publish_shards([] if trainer is None else trainer.state_rows(),
-                                  self.state.version if trainer is None else trainer.steps)
+                                  self.state.version if trainer is None else trainer.optimizer_steps)
         if self.partial is not None:
             self.partial.publish_shards([] if trainer is None else trainer.grad_rows(),
-                                        self.partial.version if trainer is None else trainer.steps)
+                                        self.partial.version if trainer is None else trainer.optimizer_steps)
 
     def publish_weights(self, policy: ParameterStorage, version: int) -> None:
         """Collective: publishes the stored master weights, cast to the policy storage's dtype."""

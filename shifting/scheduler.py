@@ -231,8 +231,8 @@ class StepQueues:
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
         # With a train pool the update need not wait for the step's end: once its last group is trained the
-        # train ranks make it (`update_due`), and its statistics land here. `skipped_in_row`: updates
-        # skipped in a row before it, which the trainer continues.
+        # train ranks make it (`update_due`), and its statistics land here. `skipped_in_row`: optimizer
+        # steps skipped in a row before it, which the trainer continues.
         self.update: dict | None = None
         self.skipped_in_row = skipped_in_row
         # The partial rollout: once the update is made, it is published at the next round's start; the
