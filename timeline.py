@@ -50,10 +50,10 @@ class Timeline:
 
     def close_step(self) -> dict:
         """Collective: gathers the step's spans; returns each role's busy seconds summed over ranks."""
-        shards = [None] * self.d.world_size
-        dist.all_gather_object(shards, [s for s in self.spans if s["step"] == self.step], group=self.d.control)
+        per_rank = [None] * self.d.world_size
+        dist.all_gather_object(per_rank, [s for s in self.spans if s["step"] == self.step], group=self.d.control)
         self.spans = [s for s in self.spans if s["step"] != self.step]
-        spans = [s for shard in shards for s in shard]
+        spans = [s for mine in per_rank for s in mine]
         busy = dict.fromkeys(ROLES, 0.0)
         for s in spans:
             if s["role"] in busy:
