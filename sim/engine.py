@@ -19,7 +19,7 @@ The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `g
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
 collectively: its state is resharded, with any gradients accumulated early, and every slot waits for
 the longest move; a move between engine roles holds the moving slot alone), the
-queued work that fits each engine, shared fairly in rank order, and for pivot's train slots every
+queued work that fits each engine, shared fairly in slot order, and for pivot's train slots every
 judged group no train slot has had. Each engine then
 steps at its own pace, its new requests first, in chunks of at most `prefill_chunk_tokens` a step
 (vLLM's chunked prefill), with a batch fixed between two events, so the next event is the next
@@ -27,8 +27,8 @@ sequence to finish. An engine stops for the round when it runs empty, or at its 
 after the round's limit: none when colocated has nothing queued (its phase ends when its last engine
 empties), else `round_steps` times the median engine step seen in the step (and at least
 `over_exchange` exchanges and `over_longest` of the longest recent steps), which slots that run empty
-after stepping (one in `empty_share`, one at least) cut short for every slot (rank 0's store counter,
-seen `poll_s` / 2 later on average). A slot past the limit with work in hand
+after stepping (one in `empty_share`, one at least) cut short for every slot (the loop's RoundEnd
+counter in the launch's store, seen `poll_s` / 2 later on average). A slot past the limit with work in hand
 steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
 groups they did not reach. A slot that has stopped waits for the others: the round ends with the last
 step or group in progress. Then the round's exchange with
@@ -420,7 +420,7 @@ class Simulation:
 
     def _dispatch(self) -> None:
         """Each engine role's queue shared among the slots holding it, evening out their loads up to each
-        engine's room, in rank order from the queue's head (book.shares, as StepQueues.dispatch); a
+        engine's room, in slot order from the queue's head (book.shares, as StepQueues.dispatch); a
         slot's first step takes its new requests in."""
         for role in ENGINE_ROLES:
             queue, held = self.step.queue[role], [s for s in self.slots if s.role == role and s.ready_at <= self.now]
@@ -519,7 +519,7 @@ class Simulation:
         self.now = end
 
     def _ingest(self) -> None:
-        """Rank 0 reads the reports, in rank order: finished responses join the judge's queue, verdicts
+        """Rank 0 reads the reports, in slot order: finished responses join the judge's queue, verdicts
         complete groups, and exported sequences go back to the head of their queue."""
         step = self.step
         for slot in self.slots:
