@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "rubric and ends with 'score: N' (1-10)")
     p.add_argument("--max-critique-tokens", type=int, default=96)
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
-                   help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
+                   help="a critique with no verdict: score 0 (fail), judge once more (retry), or stop")
     # reward
     p.add_argument("--reward", default="judge=1",
                    help="the reward's sources with a coefficient each, summed: judge (the judge's score), exact (1 if the "

@@ -154,7 +154,7 @@ class Report:
     reloaded: int = 0  # sequences this rank's engine went on with under weights published at the round's start
     shifts: list[dict] = field(default_factory=list)  # this rank's shift at the round's start, if it made one
     shift_s: float = 0.0  # its seconds (with any collective part: a train group that changed)
-    error: str | None = None  # a judge output under --on-parse-failure stop
+    error: str | None = None  # a critique under --on-parse-failure stop
 
     @property
     def in_flight(self) -> int:
@@ -624,7 +624,7 @@ def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[st
 
 
 def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, round_s: float) -> list[Orders]:
-    error = next((r.error for r in reports if r.error), None)  # a judge output under --on-parse-failure stop
+    error = next((r.error for r in reports if r.error), None)  # a critique under --on-parse-failure stop
     try:
         queues.ingest(reports, round_s)
     except AssertionError as e:  # a broken invariant
