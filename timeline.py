@@ -77,7 +77,7 @@ class Timeline:
             later = [k for k in shifts if k > 0] or list(shifts)  # step 0 also starts the engines and evaluates
             step = max(later, key=lambda k: (shifts[k], k))
             shown = [s for s in spans if s["step"] == step]
-            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} moves (r rollout, j judge, t train)",
+            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, j judge, t train)",
                        since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
 
     def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,

@@ -3,7 +3,7 @@
 A step's work is one rollout request per sample (P x G) and, as each response finishes, one judge
 request for it. Ranks work in rounds. At the start of a round rank 0 hands every rank its orders:
 every rank's role from now on, new requests for its engine, and how long to work before reporting
-back. Each rank then makes its shift, if it has one (a move between the engine roles is its own; a
+back. Each rank then makes its shift, if it has one (a shift between the engine roles is its own; a
 change of the train group is collective), and steps the engine of its role, or trains (with the
 other train ranks) the judged groups no train rank has had, group by group, on its own and at its
 own pace, until its round ends (groups it did not reach are handed out again); then all ranks report

@@ -165,7 +165,7 @@ class CostModel:
         return Speeds(engines[Role.ROLLOUT], engines[Role.JUDGE], self.train_per_s(slots))
 
     def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
-        # Into the smallest train group it may form: the dearest such move; train to train, a reshard.
+        # Into the smallest train group it may form: the dearest such shift; train to train, a reshard.
         return {(a, b): self.shift_seconds(a, b, self.min_train_slots, False) for a in ROLES for b in ROLES
                 if a != b or a == Role.TRAIN}
 
@@ -368,10 +368,10 @@ class CpuModel(CostModel):
         return exchange[placement] + plan[placement]
 
     def shift_seconds(self, src: str, dst: str, train_slots: int, grads: bool) -> float:
-        """As measured (with whatever gradients the runs' moves carried). Where a bench JSON lacks a record
-        of a rank that keeps its role, the nearest measured move: a disaggregated rollout rank reloading
-        the new weights as a move into rollout (which loads them too); a train rank resharding into a
-        new group as the dearest move into train (which builds the group's trainer and loads its rows)."""
+        """As measured (with whatever gradients the runs' shifts carried). Where a bench JSON lacks a record
+        of a rank that keeps its role, the nearest measured shift: a disaggregated rollout rank reloading
+        the new weights as a shift into rollout (which loads them too); a train rank resharding into a
+        new group as the dearest shift into train (which builds the group's trainer and loads its rows)."""
         if (src, dst) not in self.shift and src == dst == Role.ROLLOUT:
             return self.shift[(Role.TRAIN, Role.ROLLOUT)]
         if (src, dst) not in self.shift and src == dst == Role.TRAIN:

@@ -18,7 +18,7 @@ StepQueues does, by the same rules (shifting/book.py update_due, publish_due, ah
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
 collectively: its state is resharded, with any gradients accumulated early, and every slot waits for
-the longest move; a move between engine roles holds the moving slot alone), the
+the longest shift; a shift between engine roles holds the shifting slot alone), the
 queued work that fits each engine, shared fairly in slot order, and for pivot's train slots every
 judged group no train slot has had. Each engine then
 steps at its own pace, its new requests first, in chunks of at most `prefill_chunk_tokens` a step
@@ -67,9 +67,9 @@ class RoundRules:
     switches that turn its rules off:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
-      shifts_stall_all    every shift holds every slot until the longest move is done (the loop holds
-                          them all only where the train group changes; a move between engine roles
-                          holds the moving slot alone, which takes work again at the next round)"""
+      shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
+                          them all only where the train group changes; a shift between engine roles
+                          holds the shifting slot alone, which takes work again at the next round)"""
     round_steps: int = book.ROUND_STEPS
     poll_s: float = book.POLL_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -347,7 +347,7 @@ class Simulation:
             if self._round(rnd):
                 self.rounds += 1
                 self._exchange()
-            elif not any(s.exported for s in self.slots):  # nothing to do until a move ends (no stall)
+            elif not any(s.exported for s in self.slots):  # nothing to do until a shift ends (no stall)
                 moving = [s.ready_at for s in self.slots if s.ready_at > self.now]
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
@@ -406,8 +406,8 @@ class Simulation:
         """The shift to `roles`. A train group whose members change is made anew, collectively: the slots
         that stay in it reshard their state too, with `grads` (groups trained early, before the
         optimizer step) the gradients move through storage with it (shifting/context.py, storage.py
-        TrainState.partial), and every slot waits for the longest move. A move between engine roles
-        holds the moving slot alone (and every slot, under `shifts_stall_all`)."""
+        TrainState.partial), and every slot waits for the longest shift. A shift between engine roles
+        holds the shifting slot alone (and every slot, under `shifts_stall_all`)."""
         before = {s.index for s in self.slots if s.role == Role.TRAIN}
         after = {i for i, role in enumerate(roles) if role == Role.TRAIN}
         for slot, role in zip(self.slots, roles):
