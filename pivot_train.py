@@ -690,18 +690,18 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
 
 def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
     """How many versions older than the update's own weights (`update`) sampled its samples, counted per
-    lag; samples beyond the bound would mean the pipeline is broken, and stop the run."""
-    lags = collections.Counter(update - s.version for s in samples)
-    if max(lags) > bound or min(lags) < 0:
-        raise SystemExit(f"update {update}: samples of weights versions {sorted(update - lag for lag in lags)} "
+    staleness; samples beyond the bound would mean the pipeline is broken, and stop the run."""
+    stale = collections.Counter(update - s.version for s in samples)
+    if max(stale) > bound or min(stale) < 0:
+        raise SystemExit(f"update {update}: samples of weights versions {sorted(update - k for k in stale)} "
                          f"break --max-staleness {bound}")
-    tokens = collections.Counter()  # response tokens per lag of the weights that sampled each
+    tokens = collections.Counter()  # response tokens per staleness of the weights that sampled each
     for s in samples:
         ends = [first for first, _ in s.versions[1:]] + [len(s.response_ids)]
         for (first, version), end in zip(s.versions, ends):
             tokens[update - version] += end - first
-    return {"staleness": {str(lag): n for lag, n in sorted(lags.items())},
-            "staleness_tokens": {str(lag): n for lag, n in sorted(tokens.items())}}
+    return {"staleness": {str(k): n for k, n in sorted(stale.items())},
+            "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())}}
 
 
 def to_train(context: RoleContext, placement: Placement) -> list[dict]:
