@@ -3,7 +3,8 @@ name for each concept in the code, its flags, its records and the docs (tests/un
 holds the code to some of it).
 
 - role: what a rank does now: rollout (the policy's vLLM engine), judge (the judge's) or train (FSDP2).
-- rank: one process of the run (torchrun's), on a device of its own; slot: a simulated rank, in sim/ only.
+- rank: one process of the run (torchrun's), on a device of its own; slot: in sim/ only, a simulated
+  rank: the devices one instance of the widest role needs, holding one role at a time.
 - step: one RL step, one update: `--prompts-per-step` prompts x `--group-size` responses rolled out,
   judged and trained on; `--steps` counts them.
 - engine step: one step of a vLLM engine (`Engine.step`): each running sequence decodes a token, new
