@@ -28,8 +28,8 @@ after the round's limit: none when colocated has nothing queued (its phase ends 
 empties), else `round_steps` times the median engine step seen in the step (and at least
 `over_exchange` exchanges and `over_longest` of the longest recent steps), which slots that run empty
 after stepping (one in `empty_share`, one at least) cut short for every slot (the loop's RoundEnd
-counter in the launch's store, seen `poll_s` / 2 later on average). A slot past the limit with work in hand
-steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
+counter in the launch's store, seen `poll_s` / 2 later on average). A slot past the limit with work in
+hand steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
 groups they did not reach. A slot that has stopped waits for the others: the round ends with the last
 step or group in progress. Then the round's exchange with
 rank 0 costs what the cost model says, and only then does rank 0 learn what finished: responses join
@@ -63,8 +63,8 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 class RoundRules:
     """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
     --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
-    the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may change, and two
-    switches that turn its rules off:
+    the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
+    change, and two switches that turn its rules off:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds

@@ -112,7 +112,8 @@ def test_a_slot_is_a_simulated_rank():
 
 def test_step_seconds_are_rl_steps():
     found = [f"{name}:{line}: {scope or 'module'}" for name, tree in parsed().items()
-             for scope, word, line in bindings(tree) if word == "step_seconds" and (name, scope) not in RL_STEP_SECONDS]
+             for scope, word, line in bindings(tree)
+             if word == "step_seconds" and (name, scope) not in RL_STEP_SECONDS]
     assert not found, f"an engine step's seconds are engine_step_seconds; step_seconds is an RL step's: {found}"
     assert {scope for name, tree in parsed().items() for scope, word, _ in bindings(tree)
             if word == "step_seconds"} == {scope for _, scope in RL_STEP_SECONDS}, "the RL steps' list has moved"
