@@ -645,7 +645,7 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
     return samples, samples if pool is None else pool, early, generation
 
 
-def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement, step, timeline, args, *,
+def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placement, step, timeline, args, *,
                       train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                       ahead: list[dict] | None = None, carried: StepQueues | None = None):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
@@ -659,14 +659,14 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
-    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
+    queues = StepQueues(prompts, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
                         train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
-    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
-                                         judge=judge, capacity=args.max_seqs,
+    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, prompts=prompts,
+                                         rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
                                          seed=args.seed if args.force_shifts is None else args.force_shifts,
                                          step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start

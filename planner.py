@@ -389,7 +389,7 @@ class LoopPlanner:
     and the training speed (`train`), which the loop's measurements of it update. `speeds` are the priors.
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
-    prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
+    prompt_ids, generated, max_tokens), `prompts`, `train_tokens()` (the update's tokens left, judged and
     in all), `train_pool` (None unless the update trains an earlier step's samples), `round_s` (the last
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
@@ -446,7 +446,7 @@ class LoopPlanner:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
         rolling = ([g for role, g in running if role == Role.ROLLOUT]
                    + [len(r.generated) for r in queues.queue[Role.ROLLOUT]])
-        prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
+        prompt = sum(len(p["prompt_ids"]) for p in queues.prompts) / len(queues.prompts)
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()

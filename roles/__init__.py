@@ -17,6 +17,8 @@ holds the code to some of it).
 - migration: a shifting rank's in-flight sequences resume elsewhere with their sampler's state, token for token.
 - placement: where each role runs (`--placement`); pivot's planner (planner.py) picks each round's moves.
 - request: one sequence for an engine: a rollout request per sample, a judge request per response.
+- batch: the sequences one engine step runs (a step's prompt records are its `prompts`); micro-batch:
+  the samples of one forward pass (`--micro-batch`); minibatch: those of one optimizer step.
 - group: the G responses to one prompt; the train group: the ranks holding train, one FSDP2 group.
 - sample: one response with its prompt, versions, critique, reward and advantage (`Sample`).
 - critique: the judge's text on one response; verdict: its last line, read into the reward (`Verdict`).

@@ -40,12 +40,12 @@ rules of shifting/book.py (update_due, publish_due, ahead_step), which the simul
 ends with its own last critique; the next step's work begun by then is carried into it (`carry`). Each
 request keeps the versions that sampled its tokens (`Request.versions`).
 
-With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `batch` holds
+With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `prompts` hold
 every prompt it may draw. The first --prompts-per-step are queued; each group judged whose rewards are all
-equal is left out of the update, and the next prompt of `batch` takes its place: its G requests join the
+equal is left out of the update, and the next of its `prompts` takes its place: its G requests join the
 rollout queue then, while the step runs. Every prompt admitted adds one informative group or one more
 admission, so what a step draws does not depend on the order its groups finish in: the shortest prefix of
-`batch` that holds --prompts-per-step informative groups, or all of it. A group handed to the train ranks
+`prompts` that hold --prompts-per-step informative groups, or all of it. A group handed to the train ranks
 is judged and informative, so none is trained and then left out.
 """
 import random
@@ -183,21 +183,21 @@ class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
+    def __init__(self, prompts: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
                  train_speed: TrainSpeed | None = None, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                  filter_groups: int | None = None, version: int = 0, ahead: list[dict] | None = None,
                  carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
-        `batch` is then every prompt it may draw, admitted as groups are left out. None: all of `batch`.
+        `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
         this step's own work begun so, during the step before (`carry`)."""
-        self.args, self.batch, self.step, self.group_size = args, batch, step, args.group_size
+        self.args, self.prompts, self.step, self.group_size = args, prompts, step, args.group_size
         requests = RolloutEngine.requests(
-            batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
+            prompts, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
             max_tokens=args.max_response_tokens,
             lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
-        admitted = len(batch) if filter_groups is None else min(filter_groups, len(batch))
+        admitted = len(prompts) if filter_groups is None else min(filter_groups, len(prompts))
         self.queue = {Role.ROLLOUT: deque(requests[:admitted * self.group_size]), Role.JUDGE: deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
         self.filter_groups = filter_groups is not None
@@ -239,7 +239,7 @@ class StepQueues:
         # rollout engines load it there and go on with their sequences under it (re-prefilled), and the
         # next step's prompts join the queue (sampled by the new weights, they are --max-staleness old at
         # their own update). What of that step is not done when this one is goes on in the next.
-        self.version, self.ahead_batch, self.published = version, ahead, False
+        self.version, self.ahead_prompts, self.published = version, ahead, False
         self.ahead: StepQueues | None = None
         self.reloaded = 0  # sequences that went on under the weights published during the step
         if carried is not None:
@@ -248,7 +248,7 @@ class StepQueues:
     def _take_over(self, carried: "StepQueues") -> None:
         """This step's work that the step before began (its `ahead`): its samples, verdicts and counts, and
         its requests not finished, queued or exported from the engines as that step ended."""
-        assert carried.step == self.step and carried.batch == self.batch, "the carried step is not this one"
+        assert carried.step == self.step and carried.prompts == self.prompts, "the carried step is not this one"
         self.queue, self.samples, self.judged = carried.queue, carried.samples, carried.judged
         self.judge_runs, self.parse_failures, self.migrated = carried.judge_runs, carried.parse_failures, carried.migrated
 
@@ -261,14 +261,14 @@ class StepQueues:
 
     def publish_due(self) -> bool:
         """Whether to publish the update now, during the step (book.publish_due): it is made, not published
-        yet, and the step may run ahead (`ahead_batch`)."""
-        return book.publish_due(self.update is not None, self.published, self.ahead_batch is not None)
+        yet, and the step may run ahead (`ahead_prompts`)."""
+        return book.publish_due(self.update is not None, self.published, self.ahead_prompts is not None)
 
     def publish(self) -> int:
         """The update goes out at this round's start: the version published, and the next step's prompts
         (their requests behind this step's) join the queue."""
         self.published = True
-        self.ahead = StepQueues(self.ahead_batch, step=self.step + 1, args=self.args, version=self.version + 1)
+        self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, args=self.args, version=self.version + 1)
         self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
         self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
         return self.version + 1
@@ -369,7 +369,7 @@ class StepQueues:
         with --filter-groups)."""
         if self.train_pool is not None:
             return sorted({p for p, _ in self.train_pool} - set(self.trained))
-        return [p for p in range(len(self.batch)) if p not in self.trained and p not in self.dropped
+        return [p for p in range(len(self.prompts)) if p not in self.trained and p not in self.dropped
                 and all((p, g) in self.judged for g in range(self.group_size))]
 
     def update_due(self) -> bool:
@@ -462,20 +462,20 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
     return roles, Rounds(engine_steps=1)
 
 
-def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
+def generate(d, context, queues: StepQueues | None, plan, *, prompts: list[dict], rollout: RolloutEngine,
              judge: Judge, capacity: int, seed: int, step: int, timeline,
              ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
-    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
-    step's prompts (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
+    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `prompts` are the
+    step's (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
     `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
     training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
     the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
-    batches = {step: batch, step + 1: ahead or []}
+    step_prompts = {step: prompts, step + 1: ahead or []}
     report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
     ending = RoundEnd(d.store, d.world_size, step)
@@ -517,7 +517,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
         if engine is not None:
             engine.add(reloaded + orders.work)
             finished, report.engine_steps = _work(engine, orders, context.role, d.rank, timeline, ending)
-            _read(report, finished, batches, rollout, judge)
+            _read(report, finished, step_prompts, rollout, judge)
             first = [seconds for _, seconds, _ in report.engine_steps[:1]]
             (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(first)
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
@@ -547,14 +547,14 @@ def publish_update(context, version: int) -> None:
         context.train_state.publish_weights(storage, version)
 
 
-def _read(report: Report, finished: list[tuple[Request, Completion]], batches: dict[int, list[dict]],
+def _read(report: Report, finished: list[tuple[Request, Completion]], step_prompts: dict[int, list[dict]],
           rollout: RolloutEngine, judge: Judge) -> None:
     """Finished rollout requests become samples with their judge requests; finished critiques, verdicts.
-    `batches`: the prompts of each step whose requests may be in flight."""
+    `step_prompts`: the prompts of each step whose requests may be in flight."""
     try:
         for request, done in finished:
             if request.role == Role.ROLLOUT:
-                sample = rollout.to_sample(request, done, batches[request.step][request.key[0]])
+                sample = rollout.to_sample(request, done, step_prompts[request.step][request.key[0]])
                 report.responses.append((sample, judge.request(sample, request.step)))
             else:
                 report.verdicts.append(judge.verdict(request, done, request.step))

@@ -271,7 +271,7 @@ def test_loop_adapter_reads_step_queues():
         engine_steps=[(len(generated), seconds, 0)] if generated else [])
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
-        batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None,
+        prompts=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None,
         queue={"rollout": [], "judge": [request(50)] * 400}, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
