@@ -780,9 +780,9 @@ def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: li
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
     rows = [(matches_reference(s.response, s.reference, args.answer_marker),
              None if (reward := judge.parse(s.critique)) is None else reward >= 0.5) for s in samples]
-    shards = [None] * d.world_size
-    dist.all_gather_object(shards, rows, group=d.control)
-    rows = [r for shard in shards for r in shard]
+    per_rank = [None] * d.world_size
+    dist.all_gather_object(per_rank, rows, group=d.control)
+    rows = [r for got in per_rank for r in got]
     confusion = {"judge_correct_ref_correct": 0, "judge_correct_ref_wrong": 0,
                  "judge_wrong_ref_correct": 0, "judge_wrong_ref_wrong": 0, "judge_unparsed": 0}
     for correct, verdict in rows:
@@ -801,10 +801,10 @@ def sampled_accuracy(d: Dist, engine: RolloutEngine, eval_set: list[dict], mine:
         return {}
     sampled = engine.sample([(i, eval_set[i]["prompt_ids"]) for i in mine], args.eval_samples, args.temperature,
                             args.max_response_tokens, args.seed)
-    shards = [None] * d.world_size
-    dist.all_gather_object(shards, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
+    per_rank = [None] * d.world_size
+    dist.all_gather_object(per_rank, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
                            group=d.control)
-    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for shard in shards for a in shard],
+    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for got in per_rank for a in got],
                                                                 args.answer_marker)}
 
 

@@ -53,7 +53,7 @@ class Timeline:
         per_rank = [None] * self.d.world_size
         dist.all_gather_object(per_rank, [s for s in self.spans if s["step"] == self.step], group=self.d.control)
         self.spans = [s for s in self.spans if s["step"] != self.step]
-        spans = [s for mine in per_rank for s in mine]
+        spans = [s for got in per_rank for s in got]
         busy = dict.fromkeys(ROLES, 0.0)
         for s in spans:
             if s["role"] in busy:

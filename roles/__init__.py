@@ -27,7 +27,8 @@ holds the code to some of it).
   staleness: how many versions older than the update's weights its samples are, at most K.
 - storage: the Global Parameter Storage (storage.py): per node one shared-memory copy of each model's
   published weights and of the policy's training state, from which every role loads; region: where one
-  tensor lies in it; shard: the rows of dim 0 a train rank holds under FSDP2.
+  tensor lies in it; shard: the rows of dim 0 a train rank holds under FSDP2 (export.py's shards are
+  Hugging Face's: the safetensors files of one model).
 - store: the launch's TCPStore (`Dist.store`), for signals that must not wait for a collective.
 - checkpoint: OUT/checkpoints/step-N (checkpoint.py), what a restarted run resumes from.
 - span: a stretch of time one rank held one role, or shifted (timeline.jsonl).
