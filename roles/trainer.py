@@ -441,8 +441,8 @@ class PolicyTrainer:
 
         A minibatch whose gradient norm is not finite takes no step: its gradients are dropped, the
         weights and AdamW's moments and step count stay as they were. `skipped_in_row` (optimizer steps
-        skipped in a row before this update) continues into the returned `skipped_in_row`. The logprob gap (to
-        the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
+        skipped in a row before this update) continues into the returned `skipped_in_row`. The logprob
+        gap (to the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
         if self.rollout_is != "off" and len(minibatches) > 1:
