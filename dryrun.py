@@ -247,9 +247,9 @@ def _public(m: dict) -> dict:
 
 def _ranges(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
-    spans, start = [], ranks[0]
+    ranges, start = [], ranks[0]
     for prev, cur in zip(ranks, ranks[1:] + [None]):
         if cur != prev + 1:
-            spans.append(f"{start}-{prev}" if prev > start else f"{start}")
+            ranges.append(f"{start}-{prev}" if prev > start else f"{start}")
             start = cur
-    return ", ".join(spans)
+    return ", ".join(ranges)

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "rubric and ends with 'score: N' (1-10)")
     p.add_argument("--max-critique-tokens", type=int, default=96)
     p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
-                   help="a judge output with no verdict: score 0 (fail), judge once more (retry), or stop")
+                   help="a critique with no verdict: score 0 (fail), judge once more (retry), or stop")
     # reward
     p.add_argument("--reward", default="judge=1",
                    help="the reward's sources with a coefficient each, summed: judge (the judge's score), exact (1 if the "
@@ -645,7 +645,7 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
     return samples, samples if pool is None else pool, early, generation
 
 
-def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement, step, timeline, args, *,
+def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placement, step, timeline, args, *,
                       train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                       ahead: list[dict] | None = None, carried: StepQueues | None = None):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
@@ -659,14 +659,14 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
-    queues = StepQueues(batch, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
+    queues = StepQueues(prompts, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
                         train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
-    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, batch=batch, rollout=rollout_engine,
-                                         judge=judge, capacity=args.max_seqs,
+    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, prompts=prompts,
+                                         rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
                                          seed=args.seed if args.force_shifts is None else args.force_shifts,
                                          step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
@@ -690,18 +690,18 @@ def rollout_and_judge(d: Dist, context, batch, rollout_engine, judge, placement,
 
 def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
     """How many versions older than the update's own weights (`update`) sampled its samples, counted per
-    lag; samples beyond the bound would mean the pipeline is broken, and stop the run."""
-    lags = collections.Counter(update - s.version for s in samples)
-    if max(lags) > bound or min(lags) < 0:
-        raise SystemExit(f"update {update}: samples of weights versions {sorted(update - lag for lag in lags)} "
+    staleness; samples beyond the bound would mean the pipeline is broken, and stop the run."""
+    stale = collections.Counter(update - s.version for s in samples)
+    if max(stale) > bound or min(stale) < 0:
+        raise SystemExit(f"update {update}: samples of weights versions {sorted(update - k for k in stale)} "
                          f"break --max-staleness {bound}")
-    tokens = collections.Counter()  # response tokens per lag of the weights that sampled each
+    tokens = collections.Counter()  # response tokens per staleness of the weights that sampled each
     for s in samples:
         ends = [first for first, _ in s.versions[1:]] + [len(s.response_ids)]
         for (first, version), end in zip(s.versions, ends):
             tokens[update - version] += end - first
-    return {"staleness": {str(lag): n for lag, n in sorted(lags.items())},
-            "staleness_tokens": {str(lag): n for lag, n in sorted(tokens.items())}}
+    return {"staleness": {str(k): n for k, n in sorted(stale.items())},
+            "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())}}
 
 
 def to_train(context: RoleContext, placement: Placement) -> list[dict]:
@@ -780,9 +780,9 @@ def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: li
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
     rows = [(matches_reference(s.response, s.reference, args.answer_marker),
              None if (reward := judge.parse(s.critique)) is None else reward >= 0.5) for s in samples]
-    shards = [None] * d.world_size
-    dist.all_gather_object(shards, rows, group=d.control)
-    rows = [r for shard in shards for r in shard]
+    per_rank = [None] * d.world_size
+    dist.all_gather_object(per_rank, rows, group=d.control)
+    rows = [r for got in per_rank for r in got]
     confusion = {"judge_correct_ref_correct": 0, "judge_correct_ref_wrong": 0,
                  "judge_wrong_ref_correct": 0, "judge_wrong_ref_wrong": 0, "judge_unparsed": 0}
     for correct, verdict in rows:
@@ -801,10 +801,10 @@ def sampled_accuracy(d: Dist, engine: RolloutEngine, eval_set: list[dict], mine:
         return {}
     sampled = engine.sample([(i, eval_set[i]["prompt_ids"]) for i in mine], args.eval_samples, args.temperature,
                             args.max_response_tokens, args.seed)
-    shards = [None] * d.world_size
-    dist.all_gather_object(shards, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
+    per_rank = [None] * d.world_size
+    dist.all_gather_object(per_rank, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
                            group=d.control)
-    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for shard in shards for a in shard],
+    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for got in per_rank for a in got],
                                                                 args.answer_marker)}
 
 

@@ -404,14 +404,14 @@ class LoopPlanner:
     `speeds` are the priors.
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
-    prompt_ids, generated, max_tokens), `batch`, `train_tokens()` (the update's tokens left, judged and
+    prompt_ids, generated, max_tokens), `prompts`, `train_tokens()` (the update's tokens left, judged and
     in all), `train_pool` (None unless the update trains an earlier step's samples), `early_train`
     (whether its rounds hand judged groups to train ranks), `round_s` (the last
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
     request has generated), `in_flight_tokens` (prompt + generated tokens of those requests),
-    `steps` (the round's engine steps as (sequences, seconds, prefill tokens)) and `trained` (what it
-    trained early in the round, if anything).
+    `engine_steps` (the round's engine steps as (sequences, seconds, prefill tokens)) and `trained` (what
+    it trained early in the round, if anything).
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
@@ -432,7 +432,7 @@ class LoopPlanner:
         beside = any(r.trained for r in reports)  # a rank trained this round: the engines stepped beside it
         measured = expected = 0.0
         for r in reports:
-            for batch, seconds, prefill in r.steps:
+            for batch, seconds, prefill in r.engine_steps:
                 if r.role not in self.fits or prefill:  # decode steps: prefill has its own rate
                     continue
                 if beside:
@@ -475,7 +475,7 @@ class LoopPlanner:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
         rolling = ([g for role, g in running if role == Role.ROLLOUT]
                    + [len(r.generated) for r in queues.queue[Role.ROLLOUT]])
-        prompt = sum(len(p["prompt_ids"]) for p in queues.batch) / len(queues.batch)
+        prompt = sum(len(p["prompt_ids"]) for p in queues.prompts) / len(queues.prompts)
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()

@@ -17,7 +17,7 @@ class Dist:
     device: torch.device
     control: dist.ProcessGroup | None  # gloo: plans, small Python objects (None once shut down)
     tensors: dist.ProcessGroup | None  # NCCL on GPU, gloo on CPU: weights and gradients
-    store: dist.Store | None = None  # the launch's key-value store: signals that must not wait for a collective
+    store: dist.Store | None = None  # the launch's store (a TCPStore): signals that must not wait for a collective
     # This rank and the ranks of the same local index on the other nodes, on the tensor backend: the
     # rows a rank writes to storage go to the other nodes' replicas here (None on one node).
     peers: dist.ProcessGroup | None = None
@@ -102,9 +102,9 @@ def busy_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None)
 
 def _store() -> dict:
     """The launch's store, with each launch's keys under their own prefix: under torchrun with
-    --max-restarts a restarted group is handed the same agent store as the launch before it, still
-    holding that launch's keys, and without the prefix a restarted rank reads a dead peer's address and
-    fails to connect."""
+    --max-restarts a restarted group is handed the same store (the torchrun agent's) as the launch
+    before it, still holding that launch's keys, and without the prefix a restarted rank reads a dead
+    peer's address and fails to connect."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store, rank, world_size = next(dist.rendezvous("env://"))
     return {"store": dist.PrefixStore(f"pivotrl/launch-{attempt}/", store), "rank": rank, "world_size": world_size}

@@ -34,7 +34,8 @@ TRAFFIC = ("publishes", "bytes", "bytes_local", "bytes_across_nodes", "seconds")
 
 
 @dataclass(frozen=True)
-class Slot:
+class Region:
+    """Where one named tensor lies in a storage buffer."""
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -45,13 +46,13 @@ class Slot:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[list[Slot], int]:
-    """Place tensors back to back, each aligned, after the header; returns the slots and total bytes."""
-    slots, offset = [], _HEADER
+def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[list[Region], int]:
+    """Place tensors back to back, each aligned, after the header; returns the regions and total bytes."""
+    regions, offset = [], _HEADER
     for name, shape, dtype in shapes:
-        slots.append(Slot(name, tuple(shape), dtype, offset))
+        regions.append(Region(name, tuple(shape), dtype, offset))
         offset += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
-    return slots, offset
+    return regions, offset
 
 
 def pieces(sizes: list[int], limit: int):
@@ -105,9 +106,9 @@ class ParameterStorage:
 
     def __init__(self, d: Dist, model: str, shapes: list[tuple[str, tuple[int, ...], torch.dtype]]):
         self.d = d
-        self.slots, self.nbytes = plan_layout(shapes)
-        self.slot = {s.name: s for s in self.slots}
-        self.index = {s.name: i for i, s in enumerate(self.slots)}
+        self.regions, self.nbytes = plan_layout(shapes)
+        self.region = {s.name: s for s in self.regions}
+        self.index = {s.name: i for i, s in enumerate(self.regions)}
         run_id = [uuid.uuid4().hex[:12] if d.rank == 0 else None]
         dist.broadcast_object_list(run_id, src=0, group=d.control)
         self.path = f"/dev/shm/pivotrl-{run_id[0]}-node{d.node}-{model}"
@@ -125,14 +126,14 @@ class ParameterStorage:
             # Page-locked, so host<->device copies run by DMA at full link speed.
             torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.nbytes, 0))
         self._version = self.buffer[:8].view(torch.int64)
-        self.views = {s.name: self._view(self.buffer, s) for s in self.slots}
+        self.views = {s.name: self._view(self.buffer, s) for s in self.regions}
         self.device_buffer, self.device_views = None, {}
         self.last_publish, self.last_load = {}, {}
         self._traffic = dict.fromkeys(TRAFFIC, 0)
 
     @staticmethod
-    def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
-        return buffer[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
+    def _view(buffer: torch.Tensor, region: Region) -> torch.Tensor:
+        return buffer[region.offset:region.offset + region.nbytes].view(region.dtype).view(region.shape)
 
     @property
     def version(self) -> int:
@@ -184,34 +185,34 @@ class ParameterStorage:
         self._record(start, sum(sizes), local=sum(node), across_nodes=sum(sizes) * (self.nodes - 1))
 
     def _fits(self, name: str, rows: torch.Tensor, first: int) -> torch.Tensor:
-        slot = self.slot[name]
-        if tuple(rows.shape[1:]) != slot.shape[1:] or not 0 <= first <= first + rows.shape[0] <= slot.shape[0]:
+        region = self.region[name]
+        if tuple(rows.shape[1:]) != region.shape[1:] or not 0 <= first <= first + rows.shape[0] <= region.shape[0]:
             raise ValueError(f"{name}: rows {first}..{first + rows.shape[0]} of shape {tuple(rows.shape)} do not "
-                             f"fit its stored shape {slot.shape}")
+                             f"fit its stored shape {region.shape}")
         return rows
 
     def _run(self, name: str, first: int, count: int) -> tuple[int, int]:
         """Where rows [first, first + count) of `name` lie in the buffer: (byte offset, bytes)."""
-        slot = self.slot[name]
-        row = math.prod(slot.shape[1:]) * slot.dtype.itemsize
-        return slot.offset + first * row, count * row
+        region = self.region[name]
+        row = math.prod(region.shape[1:]) * region.dtype.itemsize
+        return region.offset + first * row, count * row
 
     def _replicate(self, mine) -> None:
         """Every writer's rows into its peers' replicas. The peers learn which rows each writer holds
-        (slot index, first row, rows), then take each writer's rows in turn, in pieces of at most _PIECE
+        (region index, first row, rows), then take each writer's rows in turn, in pieces of at most _PIECE
         bytes, each broadcast from a staging buffer on the device (NCCL takes device tensors)."""
         d = self.d
         claims = [None] * self.nodes
         dist.all_gather_object(claims, [(self.index[name], first, rows.shape[0]) for name, first, rows in mine],
                                group=d.peers)
         for node, claim in enumerate(claims):
-            runs = [self._run(self.slots[index].name, first, count) for index, first, count in claim]
+            runs = [self._run(self.regions[index].name, first, count) for index, first, count in claim]
             if not sum(n for _, n in runs):
                 continue
             writer = node * d.local_world_size + d.local_rank
             staged = torch.empty(min(_PIECE, sum(n for _, n in runs)), dtype=torch.uint8, device=d.device)
             if writer == d.rank:
-                sources = [as_bytes(rows, self.slot[name].dtype) for name, _, rows in mine]
+                sources = [as_bytes(rows, self.region[name].dtype) for name, _, rows in mine]
             else:
                 targets = [self.buffer[offset:offset + n] for offset, n in runs]
             for piece in pieces([n for _, n in runs], _PIECE):
@@ -252,7 +253,7 @@ class ParameterStorage:
         """Zero-copy views of the published version, in layout order: the device copy's when there is
         one (engines then load device to device), else the host buffer's."""
         views = self.device_views or self.views
-        return [(s.name, views[s.name]) for s in self.slots]
+        return [(s.name, views[s.name]) for s in self.regions]
 
     def load_into(self, engine) -> dict:
         """Loads the published version into a vLLM engine (`roles.engine.Engine`); returns bytes and
@@ -275,7 +276,7 @@ class ParameterStorage:
         dist.all_gather_object(handles, handle, group=self.d.control)
         if self.d.local_rank != 0:
             self.device_buffer = import_cuda(handles[self.d.node * self.d.local_world_size])
-        self.device_views = {s.name: self._view(self.device_buffer, s) for s in self.slots}
+        self.device_views = {s.name: self._view(self.device_buffer, s) for s in self.regions}
         dist.barrier(group=self.d.control)
 
     def close(self) -> None:
@@ -375,10 +376,10 @@ class TrainState:
         """Collective over all ranks: each train rank writes its rows (`PolicyTrainer.state_rows`);
         ranks outside the train group pass None and write nothing."""
         self.state.publish_shards([] if trainer is None else trainer.state_rows(),
-                                  self.state.version if trainer is None else trainer.steps)
+                                  self.state.version if trainer is None else trainer.optimizer_steps)
         if self.partial is not None:
             self.partial.publish_shards([] if trainer is None else trainer.grad_rows(),
-                                        self.partial.version if trainer is None else trainer.steps)
+                                        self.partial.version if trainer is None else trainer.optimizer_steps)
 
     def publish_weights(self, policy: ParameterStorage, version: int) -> None:
         """Collective: publishes the stored master weights, cast to the policy storage's dtype."""

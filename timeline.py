@@ -50,10 +50,10 @@ class Timeline:
 
     def close_step(self) -> dict:
         """Collective: gathers the step's spans; returns each role's busy seconds summed over ranks."""
-        shards = [None] * self.d.world_size
-        dist.all_gather_object(shards, [s for s in self.spans if s["step"] == self.step], group=self.d.control)
+        per_rank = [None] * self.d.world_size
+        dist.all_gather_object(per_rank, [s for s in self.spans if s["step"] == self.step], group=self.d.control)
         self.spans = [s for s in self.spans if s["step"] != self.step]
-        spans = [s for shard in shards for s in shard]
+        spans = [s for got in per_rank for s in got]
         busy = dict.fromkeys(ROLES, 0.0)
         for s in spans:
             if s["role"] in busy:
@@ -77,7 +77,7 @@ class Timeline:
             later = [k for k in shifts if k > 0] or list(shifts)  # step 0 also starts the engines and evaluates
             step = max(later, key=lambda k: (shifts[k], k))
             shown = [s for s in spans if s["step"] == step]
-            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} moves (r rollout, j judge, t train)",
+            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, j judge, t train)",
                        since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
 
     def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,

@@ -36,7 +36,7 @@ def report() -> dict:
     response = {"prompt_ids": [1] * 256, "response_ids": [2] * TOKENS, "logprobs": [-0.5] * TOKENS}
     return {"role": Role.ROLLOUT, "responses": [(response, {"prompt_ids": [3] * (256 + TOKENS)})] * FINISHED,
             "verdicts": [], "exported": [], "generated": [TOKENS] * IN_FLIGHT,
-            "in_flight_tokens": IN_FLIGHT * (256 + TOKENS), "steps": [(IN_FLIGHT, 0.02, 0)] * STEPS}
+            "in_flight_tokens": IN_FLIGHT * (256 + TOKENS), "engine_steps": [(IN_FLIGHT, 0.02, 0)] * STEPS}
 
 
 def orders(world: int) -> dict:

@@ -39,10 +39,10 @@ CASES = {
                     {"{hw}.engine_wake_s": 0.0, "{hw}.h2d_bytes_per_s": 1000.0, "{hw}.d2h_bytes_per_s": 1000.0,
                      "{hw}.node_link_bytes_per_s": 1000.0}, {}),
     "rounds x16": ("rounds of 400 engine steps' worth of time instead of 25 (pivot_train.py --round-steps 400)",
-                   {}, {"steps": 400}),
-    "stop at limit": ("a rank past the round's limit stops and waits for the round's end instead of stepping "
-                      "on until every rank has reached it", {}, {"step_on": False}),
-    "shifts stall": ("every shift holds every rank until the longest move is done, a move between engine "
+                   {}, {"round_steps": 400}),
+    "stop at limit": ("a slot past the round's limit stops and waits for the round's end instead of stepping "
+                      "on until every slot has reached it", {}, {"step_on": False}),
+    "shifts stall": ("every shift holds every slot until the longest one is done, a shift between engine "
                      "roles too", {}, {"shifts_stall_all": True}),
     "light tails": ("responses and critiques with p99 at 3x the median instead of 10x (same budgets): about what "
                     "a round that need not wait for its step's slowest samples would see",

@@ -6,10 +6,10 @@ edits and a parser:
 - rubric: the template shows the example's own rubric ({rubric}, from the data) and the critique ends
   with `score: N`, an integer from 1 to 10 -> (N - 1) / 9, so 1 -> 0.0 and 10 -> 1.0.
 
-A judge output whose final line cannot be read (no verdict; no score, or one that is not an integer from
+A critique whose final line cannot be read (no verdict; no score, or one that is not an integer from
 1 to 10) is a parse failure, counted per step and handled by one of
 three rules (`--on-parse-failure`): `fail` scores it 0.0; `retry` judges it once more with sampling
-(temperature 1.0) and scores 0.0 if that fails too; `stop` ends the run with the offending output.
+(temperature 1.0) and scores 0.0 if that fails too; `stop` ends the run with the offending critique.
 """
 import re
 from dataclasses import dataclass, replace
@@ -87,14 +87,14 @@ class Judge:
                        retry=True, ignore_eos=self.lengths is not None, step=step)
 
     def verdict(self, request: Request, done: Completion, step: int) -> "Verdict":
-        """What the judge's output says of one response; with the retry rule, an unreadable first try
+        """What the critique says of one response; with the retry rule, an unreadable first try
         carries the request that judges it once more (sampled, with the sample's own seed)."""
         critique = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
         reward = self.parse(critique)
         if reward is None and self.on_parse_failure == "stop":
             line = "verdict line" if self.judge_kind == "verdict" else "score: N line (1-10)"
-            raise ParseFailure(f"the judge's output has no readable {line} (--on-parse-failure stop): "
-                               f"{critique!r}; choose 'fail' or 'retry' to go on past such outputs")
+            raise ParseFailure(f"the critique has no readable {line} (--on-parse-failure stop): "
+                               f"{critique!r}; choose 'fail' or 'retry' to go on past such critiques")
         retry = None
         if reward is None and self.on_parse_failure == "retry" and not request.retry:
             retry = replace(request, temperature=1.0, seed=sample_seed(self.seed, step, *request.key), retry=True,

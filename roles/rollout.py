@@ -9,7 +9,7 @@ from roles.engine import Completion, Engine, Request
 
 @dataclass
 class Sample:
-    prompt_index: int  # position of the prompt in the step's batch
+    prompt_index: int  # position of the prompt among the step's prompts
     sample_index: int  # 0..G-1 within its group
     prompt_ids: list[int]
     response_ids: list[int]
@@ -61,7 +61,7 @@ class RolloutEngine:
                              **engine_options)
 
     @staticmethod
-    def requests(batch: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
+    def requests(prompts: list[dict], *, group_size: int, step: int, seed: int, temperature: float,
                  max_tokens: int, lengths=None) -> list[Request]:
         """One request per sample of the step, in (prompt, sample) order. `lengths` (a throughput
         workload's, tasks/longtail.py): (step, sample key) -> the length each runs to in place of
@@ -70,7 +70,7 @@ class RolloutEngine:
             return lengths(step, key) if lengths is not None else max_tokens
         return [Request(Role.ROLLOUT, (i, g), record["prompt_ids"], budget((i, g)), temperature,
                         sample_seed(seed, step, i, g), ignore_eos=lengths is not None, step=step)
-                for i, record in enumerate(batch) for g in range(group_size)]
+                for i, record in enumerate(prompts) for g in range(group_size)]
 
     def to_sample(self, request: Request, done: Completion, record: dict) -> Sample:
         return Sample(*request.key, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,

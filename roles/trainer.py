@@ -344,7 +344,7 @@ class PolicyTrainer:
             yield f"exp_avg/{name}", moments["exp_avg"].to_local(), first
             yield f"exp_avg_sq/{name}", moments["exp_avg_sq"].to_local(), first
         if dist.get_rank(self.group) == 0:
-            yield "step", torch.tensor([float(self.steps)]), 0
+            yield "step", torch.tensor([float(self.optimizer_steps)]), 0
 
     def grad_rows(self):
         """(name, rows, first row) of this rank's accumulated gradients (zeros when it holds none) and
@@ -355,7 +355,7 @@ class PolicyTrainer:
             yield "grad_tokens", torch.tensor([float(self.accumulated)]), 0
 
     @property
-    def steps(self) -> int:
+    def optimizer_steps(self) -> int:
         """Optimizer steps taken since version 0 of the training state."""
         return int(self.optimizer.state[next(self.model.parameters())]["step"].item())
 
@@ -440,9 +440,9 @@ class PolicyTrainer:
         those that were (`accumulate`), whose gradients this group holds or loaded from storage.
 
         A minibatch whose gradient norm is not finite takes no step: its gradients are dropped, the
-        weights and AdamW's moments and step count stay as they were. `skipped_in_row` (updates skipped
-        in a row before this step) continues into the returned `skipped_in_row`. The logprob gap (to
-        the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
+        weights and AdamW's moments and step count stay as they were. `skipped_in_row` (optimizer steps
+        skipped in a row before this update) continues into the returned `skipped_in_row`. The logprob
+        gap (to the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
         if self.rollout_is != "off" and len(minibatches) > 1:
@@ -466,7 +466,7 @@ class PolicyTrainer:
             if torch.isfinite(grad_norm):
                 if self.lr_warmup_steps:
                     for group in self.optimizer.param_groups:
-                        group["lr"] = warmup_lr(self.lr, self.steps + 1, self.lr_warmup_steps)
+                        group["lr"] = warmup_lr(self.lr, self.optimizer_steps + 1, self.lr_warmup_steps)
                 self.optimizer.step()
                 skipped_in_row = 0
             else:

@@ -7,8 +7,8 @@ import heapq
 import math
 
 ROUND_STEPS = 25  # --round-steps: a timed round lasts this many engine steps' worth of time, at the median step
-FIRST_STEP_S = 0.002  # the engine step assumed before the step has measured one
-RECENT_STEPS = 256  # the engine steps a round's length is taken from: the step's last ones
+FIRST_ENGINE_STEP_S = 0.002  # the engine step's seconds assumed before the RL step has measured one
+RECENT_ENGINE_STEPS = 256  # the engine steps a round's length is taken from: the RL step's last ones
 ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
 # ... and this many of the longest recent engine steps (a prefill chunk): at its end every rank waits for
 # the steps in progress, a tenth of the round at most
@@ -19,14 +19,15 @@ EMPTY_SHARE = 1 / 8
 POLL_S = 0.01  # how often a rank past its round's time looks whether the round has ended
 
 
-def round_seconds(round_steps: int, median_step_s: float | None, longest_step_s: float, exchange_s: float, *,
-                  over_exchange: float = ROUND_OVER_EXCHANGE, over_longest: float = ROUND_OVER_LONGEST) -> float:
-    """A timed round's length: `round_steps` engine steps at the median of the recent ones (FIRST_STEP_S
-    before any), and at least `over_exchange` times the last exchange with rank 0 (many ranks exchange
-    slower than few) and `over_longest` times the longest recent step. The loop uses the defaults; the
-    simulator's what-if runs may change them."""
-    step_s = FIRST_STEP_S if median_step_s is None else median_step_s
-    return max(round_steps * step_s, over_exchange * exchange_s, over_longest * longest_step_s)
+def round_seconds(round_steps: int, median_engine_step_s: float | None, longest_engine_step_s: float,
+                  exchange_s: float, *, over_exchange: float = ROUND_OVER_EXCHANGE,
+                  over_longest: float = ROUND_OVER_LONGEST) -> float:
+    """A timed round's length: `round_steps` engine steps at the median of the recent ones
+    (FIRST_ENGINE_STEP_S before any), and at least `over_exchange` times the last exchange with rank 0
+    (many ranks exchange slower than few) and `over_longest` times the longest recent engine step. The
+    loop uses the defaults; the simulator's what-if runs may change them."""
+    engine_step_s = FIRST_ENGINE_STEP_S if median_engine_step_s is None else median_engine_step_s
+    return max(round_steps * engine_step_s, over_exchange * exchange_s, over_longest * longest_engine_step_s)
 
 
 def empty_enough(ranks: int, share: float = EMPTY_SHARE) -> int:

@@ -80,7 +80,7 @@ class RoleContext:
         """Moves every rank to its role in `roles` (every rank passes the same); returns each shifted
         rank's record {rank, from, to, seconds, drain, offload, onload, ready, bytes}, the same on every
         rank. Collective where the train group changes (the state is saved, a group made) and to gather
-        the records; with `gather` False, a move between engine roles is this rank's alone (no rank waits
+        the records; with `gather` False, a shift between engine roles is this rank's alone (no rank waits
         for another's) and only this rank's record comes back."""
         assert len(roles) == self.d.world_size and set(roles) <= set(ROLES), roles
         old, new = self.role, roles[self.d.rank]

@@ -27,7 +27,7 @@ class Placement:
             # Priors only: the planner refits engine speeds every round and shift costs every step.
             engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
             self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=TrainSpeed.PRIOR),
-                                       # a move between roles, and a train group's reshard
+                                       # a shift between roles, and a train group's reshard
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == Role.TRAIN},
                                        LengthEstimate([], args.max_response_tokens),
                                        LengthEstimate([], args.max_critique_tokens),

@@ -3,7 +3,7 @@
 A step's work is one rollout request per sample (P x G) and, as each response finishes, one judge
 request for it. Ranks work in rounds. At the start of a round rank 0 hands every rank its orders:
 every rank's role from now on, new requests for its engine, and how long to work before reporting
-back. Each rank then makes its shift, if it has one (a move between the engine roles is its own; a
+back. Each rank then makes its shift, if it has one (a shift between the engine roles is its own; a
 change of the train group is collective), and steps the engine of its role, or trains (with the
 other train ranks) the judged groups no train rank has had, group by group, on its own and at its
 own pace, until its round ends (groups it did not reach are handed out again); then all ranks report
@@ -40,12 +40,12 @@ rules of shifting/book.py (update_due, publish_due, ahead_step), which the simul
 ends with its own last critique; the next step's work begun by then is carried into it (`carry`). Each
 request keeps the versions that sampled its tokens (`Request.versions`).
 
-With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `batch` holds
+With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `prompts` hold
 every prompt it may draw. The first --prompts-per-step are queued; each group judged whose rewards are all
-equal is left out of the update, and the next prompt of `batch` takes its place: its G requests join the
+equal is left out of the update, and the next of its `prompts` takes its place: its G requests join the
 rollout queue then, while the step runs. Every prompt admitted adds one informative group or one more
 admission, so what a step draws does not depend on the order its groups finish in: the shortest prefix of
-`batch` that holds --prompts-per-step informative groups, or all of it. A group handed to the train ranks
+`prompts` that hold --prompts-per-step informative groups, or all of it. A group handed to the train ranks
 is judged and informative, so none is trained and then left out.
 """
 import random
@@ -70,10 +70,10 @@ from tasks import longtail
 
 @dataclass(frozen=True)
 class Rounds:
-    """How long every rank works before its next report: at most `steps` engine steps and at most
+    """How long every rank works before its next report: at most `engine_steps` engine steps and at most
     `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
     `early` it ends the round for every rank (the plan has other work for a rank that runs empty)."""
-    steps: int | None = None
+    engine_steps: int | None = None
     seconds: float | None = None
     early: bool = False
 
@@ -145,7 +145,7 @@ class Report:
     generated: list[int] = field(default_factory=list)  # tokens so far of each request in flight
     in_flight_tokens: int = 0  # their prompt + generated tokens
     # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
-    steps: list[tuple[int, float, int]] = field(default_factory=list)
+    engine_steps: list[tuple[int, float, int]] = field(default_factory=list)
     # Early training: the train group's sums over the groups it trained on this round (add_early's
     # keys, and `groups`: their prompt indices), and the seconds it took.
     trained: dict | None = None
@@ -154,7 +154,7 @@ class Report:
     reloaded: int = 0  # sequences this rank's engine went on with under weights published at the round's start
     shifts: list[dict] = field(default_factory=list)  # this rank's shift at the round's start, if it made one
     shift_s: float = 0.0  # its seconds (with any collective part: a train group that changed)
-    error: str | None = None  # a judge output under --on-parse-failure stop
+    error: str | None = None  # a critique under --on-parse-failure stop
 
     @property
     def in_flight(self) -> int:
@@ -163,7 +163,7 @@ class Report:
     @property
     def work_s(self) -> float:
         """Seconds this rank worked in the round: its shift, then engine steps or early training."""
-        return self.shift_s + sum(seconds for _, seconds, _ in self.steps) + self.train_s
+        return self.shift_s + sum(seconds for _, seconds, _ in self.engine_steps) + self.train_s
 
 
 @dataclass
@@ -183,21 +183,21 @@ class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, batch: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
+    def __init__(self, prompts: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
                  train_speed: TrainSpeed | None = None, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                  filter_groups: int | None = None, version: int = 0, ahead: list[dict] | None = None,
                  carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
-        `batch` is then every prompt it may draw, admitted as groups are left out. None: all of `batch`.
+        `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
         this step's own work begun so, during the step before (`carry`)."""
-        self.args, self.batch, self.step, self.group_size = args, batch, step, args.group_size
+        self.args, self.prompts, self.step, self.group_size = args, prompts, step, args.group_size
         requests = RolloutEngine.requests(
-            batch, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
+            prompts, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
             max_tokens=args.max_response_tokens,
             lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
-        admitted = len(batch) if filter_groups is None else min(filter_groups, len(batch))
+        admitted = len(prompts) if filter_groups is None else min(filter_groups, len(prompts))
         self.queue = {Role.ROLLOUT: deque(requests[:admitted * self.group_size]), Role.JUDGE: deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
         self.filter_groups = filter_groups is not None
@@ -213,7 +213,7 @@ class StepQueues:
         # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.step_seconds = round_steps, deque(maxlen=book.RECENT_STEPS)
+        self.round_steps, self.engine_step_seconds = round_steps, deque(maxlen=book.RECENT_ENGINE_STEPS)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
@@ -231,15 +231,15 @@ class StepQueues:
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
         # With a train pool the update need not wait for the step's end: once its last group is trained the
-        # train ranks make it (`update_due`), and its statistics land here. `skipped_in_row`: updates
-        # skipped in a row before it, which the trainer continues.
+        # train ranks make it (`update_due`), and its statistics land here. `skipped_in_row`: optimizer
+        # steps skipped in a row before it, which the trainer continues.
         self.update: dict | None = None
         self.skipped_in_row = skipped_in_row
         # The partial rollout: once the update is made, it is published at the next round's start; the
         # rollout engines load it there and go on with their sequences under it (re-prefilled), and the
         # next step's prompts join the queue (sampled by the new weights, they are --max-staleness old at
         # their own update). What of that step is not done when this one is goes on in the next.
-        self.version, self.ahead_batch, self.published = version, ahead, False
+        self.version, self.ahead_prompts, self.published = version, ahead, False
         self.ahead: StepQueues | None = None
         self.reloaded = 0  # sequences that went on under the weights published during the step
         if carried is not None:
@@ -248,7 +248,7 @@ class StepQueues:
     def _take_over(self, carried: "StepQueues") -> None:
         """This step's work that the step before began (its `ahead`): its samples, verdicts and counts, and
         its requests not finished, queued or exported from the engines as that step ended."""
-        assert carried.step == self.step and carried.batch == self.batch, "the carried step is not this one"
+        assert carried.step == self.step and carried.prompts == self.prompts, "the carried step is not this one"
         self.queue, self.samples, self.judged = carried.queue, carried.samples, carried.judged
         self.judge_runs, self.parse_failures, self.migrated = carried.judge_runs, carried.parse_failures, carried.migrated
 
@@ -261,14 +261,14 @@ class StepQueues:
 
     def publish_due(self) -> bool:
         """Whether to publish the update now, during the step (book.publish_due): it is made, not published
-        yet, and the step may run ahead (`ahead_batch`)."""
-        return book.publish_due(self.update is not None, self.published, self.ahead_batch is not None)
+        yet, and the step may run ahead (`ahead_prompts`)."""
+        return book.publish_due(self.update is not None, self.published, self.ahead_prompts is not None)
 
     def publish(self) -> int:
         """The update goes out at this round's start: the version published, and the next step's prompts
         (their requests behind this step's) join the queue."""
         self.published = True
-        self.ahead = StepQueues(self.ahead_batch, step=self.step + 1, args=self.args, version=self.version + 1)
+        self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, args=self.args, version=self.version + 1)
         self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
         self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
         return self.version + 1
@@ -287,18 +287,18 @@ class StepQueues:
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
-        stepped = [r for r in reports if r.steps]
-        worked = [r.work_s for r in reports if r.steps or r.trained or r.shifts]
+        stepped = [r for r in reports if r.engine_steps]
+        worked = [r.work_s for r in reports if r.engine_steps or r.trained or r.shifts]
         if worked:
             self.rounds += 1
             self.rounds_work_s += max(worked)
         self.shifts += [record for r in reports for record in r.shifts]
         self.shift_s += max((r.shift_s for r in reports if r.shifts), default=0.0)
         for r in stepped:
-            for batch, seconds, prefill in r.steps:
+            for batch, seconds, prefill in r.engine_steps:
                 row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
                 row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
-                self.step_seconds.append(seconds)
+                self.engine_step_seconds.append(seconds)
         for report in reports:
             self.migrated += len(report.exported)
             for request in report.exported:
@@ -369,7 +369,7 @@ class StepQueues:
         with --filter-groups)."""
         if self.train_pool is not None:
             return sorted({p for p, _ in self.train_pool} - set(self.trained))
-        return [p for p in range(len(self.batch)) if p not in self.trained and p not in self.dropped
+        return [p for p in range(len(self.prompts)) if p not in self.trained and p not in self.dropped
                 and all((p, g) in self.judged for g in range(self.group_size))]
 
     def update_due(self) -> bool:
@@ -410,9 +410,9 @@ class StepQueues:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
         least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
         ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
-        median = statistics.median(self.step_seconds) if self.step_seconds else None
-        return Rounds(seconds=book.round_seconds(self.round_steps, median, max(self.step_seconds, default=0.0),
-                                                 self.exchange_s), early=True)
+        median = statistics.median(self.engine_step_seconds) if self.engine_step_seconds else None
+        longest = max(self.engine_step_seconds, default=0.0)
+        return Rounds(seconds=book.round_seconds(self.round_steps, median, longest, self.exchange_s), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
@@ -459,23 +459,23 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
             # The rank whose role has least left to do gives way.
             spare = [r for r, held in enumerate(roles) if held == Role.TRAIN or not queues.pending(held)]
             roles[rng.choice(spare) if spare else rng.randrange(len(roles))] = role
-    return roles, Rounds(steps=1)
+    return roles, Rounds(engine_steps=1)
 
 
-def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], rollout: RolloutEngine,
+def generate(d, context, queues: StepQueues | None, plan, *, prompts: list[dict], rollout: RolloutEngine,
              judge: Judge, capacity: int, seed: int, step: int, timeline,
              ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
-    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `batch` is the
-    step's prompts (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
+    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `prompts` are the
+    step's (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
     `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
     training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
     the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
-    batches = {step: batch, step + 1: ahead or []}
+    step_prompts = {step: prompts, step + 1: ahead or []}
     report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
     ending = RoundEnd(d.store, d.world_size, step)
@@ -516,9 +516,10 @@ def generate(d, context, queues: StepQueues | None, plan, *, batch: list[dict], 
             report.train_s += time.perf_counter() - start
         if engine is not None:
             engine.add(reloaded + orders.work)
-            finished, report.steps = _work(engine, orders, context.role, d.rank, timeline, ending)
-            _read(report, finished, batches, rollout, judge)
-            (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(s for _, s, _ in report.steps[:1])
+            finished, report.engine_steps = _work(engine, orders, context.role, d.rank, timeline, ending)
+            _read(report, finished, step_prompts, rollout, judge)
+            first = [seconds for _, seconds, _ in report.engine_steps[:1]]
+            (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(first)
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
         elif orders.rounds.seconds is not None:
             ending.arrive()  # nothing to step: this rank waits at the exchange
@@ -546,14 +547,14 @@ def publish_update(context, version: int) -> None:
         context.train_state.publish_weights(storage, version)
 
 
-def _read(report: Report, finished: list[tuple[Request, Completion]], batches: dict[int, list[dict]],
+def _read(report: Report, finished: list[tuple[Request, Completion]], step_prompts: dict[int, list[dict]],
           rollout: RolloutEngine, judge: Judge) -> None:
     """Finished rollout requests become samples with their judge requests; finished critiques, verdicts.
-    `batches`: the prompts of each step whose requests may be in flight."""
+    `step_prompts`: the prompts of each step whose requests may be in flight."""
     try:
         for request, done in finished:
             if request.role == Role.ROLLOUT:
-                sample = rollout.to_sample(request, done, batches[request.step][request.key[0]])
+                sample = rollout.to_sample(request, done, step_prompts[request.step][request.key[0]])
                 report.responses.append((sample, judge.request(sample, request.step)))
             else:
                 report.verdicts.append(judge.verdict(request, done, request.step))
@@ -563,26 +564,26 @@ def _read(report: Report, finished: list[tuple[Request, Completion]], batches: d
 
 def _work(engine, orders: Orders, role: str, rank: int, timeline,
           ending: RoundEnd) -> tuple[list, list[tuple[int, float, int]]]:
-    """Steps `engine` until the round ends or it runs empty; returns what finished and the steps taken.
+    """Steps `engine` until the round ends or it runs empty; returns what finished and the engine steps taken.
     In a timed round, a rank past its time goes on stepping until every rank is past its own."""
-    finished, steps = [], []
+    finished, engine_steps = [], []
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
-    while engine.in_flight() and (limit.steps is None or len(steps) < limit.steps):
+    while engine.in_flight() and (limit.engine_steps is None or len(engine_steps) < limit.engine_steps):
         if ending.stop(limit, start):
             break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
             finished += engine.step()
         faults.point(role, rank)
-        steps.append((batch, time.perf_counter() - begin, prefill))
+        engine_steps.append((batch, time.perf_counter() - begin, prefill))
         prefill = 0
     if limit.seconds is not None:
-        if limit.early and steps and not engine.in_flight():
+        if limit.early and engine_steps and not engine.in_flight():
             ending.end_now()  # this rank is free: the plan may have other work for it
         else:
             ending.arrive()
-    return finished, steps
+    return finished, engine_steps
 
 
 def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:
@@ -623,7 +624,7 @@ def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[st
 
 
 def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, round_s: float) -> list[Orders]:
-    error = next((r.error for r in reports if r.error), None)  # a judge output under --on-parse-failure stop
+    error = next((r.error for r in reports if r.error), None)  # a critique under --on-parse-failure stop
     try:
         queues.ingest(reports, round_s)
     except AssertionError as e:  # a broken invariant

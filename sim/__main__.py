@@ -53,7 +53,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     if args.calibration == "cpu":
         measured = json.loads(Path(args.measured).read_text())
         model, workload = CpuModel(cal, measured), cpu_workload(measured)
-        rules = replace(rules, steps=int(measured["round_steps"]))  # the runs' --round-steps
+        rules = replace(rules, round_steps=int(measured["round_steps"]))  # the runs' --round-steps
         if measured["split"] is None:  # the bench could not place it on its ranks
             placements = [(p, s) for p, s in placements if p != "disaggregated"]
         else:  # the split the measured disaggregated runs used

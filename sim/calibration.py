@@ -135,7 +135,7 @@ def gpu_workload(cal: dict, prompts: int | None = None) -> Workload:
 
 
 class CostModel:
-    """What the event engine asks of a cost model. Subclasses give step_seconds(role, batch, context),
+    """What the event engine asks of a cost model. Subclasses give engine_step_seconds(role, batch, context),
     shift_seconds(src, dst, train_slots, grads), publish_seconds(train_slots), train_per_s(train_slots),
     exchange_seconds(placement, slots) (what a round costs beyond its engines' steps and its shifts: every
     rank's report to rank 0, rank 0's plan, its orders back), token_seconds(role) (the least slot-seconds
@@ -159,13 +159,13 @@ class CostModel:
             ctx = workload.prompt_tokens + workload.max_response / 10 + (role == Role.JUDGE) * (
                 workload.max_response / 10 + workload.judge_template_tokens)
             for b in (1, cap // 4 or 1, cap // 2 or 1, cap):
-                fit.observe(b, self.step_seconds(role, b, b * ctx))
+                fit.observe(b, self.engine_step_seconds(role, b, b * ctx))
             step_s, per_seq_s = fit.fit()
             engines[role] = EngineSpeed(step_s, per_seq_s, self.prefill_per_s[role], cap)
         return Speeds(engines[Role.ROLLOUT], engines[Role.JUDGE], self.train_per_s(slots))
 
     def planner_costs(self, slots: int) -> dict[tuple[str, str], float]:
-        # Into the smallest train group it may form: the dearest such move; train to train, a reshard.
+        # Into the smallest train group it may form: the dearest such shift; train to train, a reshard.
         return {(a, b): self.shift_seconds(a, b, self.min_train_slots, False) for a in ROLES for b in ROLES
                 if a != b or a == Role.TRAIN}
 
@@ -234,7 +234,7 @@ class GpuModel(CostModel):
         per_seq = min(self.weight_read_bytes(role, b) / b for b in range(1, room + 1)) / bandwidth / n
         return per_seq, self.kv_per_token[role] / bandwidth / n
 
-    def step_seconds(self, role: str, batch: int, context: float) -> float:
+    def engine_step_seconds(self, role: str, batch: int, context: float) -> float:
         """One engine step of a slot's instances, `batch` sequences holding `context` tokens among them
         (weight_read_bytes: an MoE layer reads only the experts its tokens route to)."""
         n = self.instances[role]
@@ -301,7 +301,7 @@ class FittedGpuModel(GpuModel):
             most = min(most, value(cal, f"{hardware}.judge_router_requests"))
         return value(cal, f"groups.{group}.memory_fraction_{role}"), most
 
-    def step_seconds(self, role: str, batch: int, context: float) -> float:
+    def engine_step_seconds(self, role: str, batch: int, context: float) -> float:
         """One engine step of a slot's instances, `batch` sequences spread evenly over them: the busiest
         holds ceil(batch / instances) of them and their share of the `context` tokens."""
         a, floor, intercept, per_seq, fixed = self.fit[role]
@@ -338,7 +338,7 @@ class CpuModel(CostModel):
         self.shift = {tuple(pair.split("->")): value(cal, f"cpu.shift_s.{pair}") for pair in cal["cpu"]["shift_s"]}
         self.shift |= {tuple(pair.split("->")): s for pair, s in measured.get("shift_s", {}).items()}
 
-    def step_seconds(self, role: str, batch: int, context: float) -> float:
+    def engine_step_seconds(self, role: str, batch: int, context: float) -> float:
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
 
     def token_seconds(self, role: str) -> tuple[float, float]:
@@ -368,10 +368,10 @@ class CpuModel(CostModel):
         return exchange[placement] + plan[placement]
 
     def shift_seconds(self, src: str, dst: str, train_slots: int, grads: bool) -> float:
-        """As measured (with whatever gradients the runs' moves carried). Where a bench JSON lacks a record
-        of a rank that keeps its role, the nearest measured move: a disaggregated rollout rank reloading
-        the new weights as a move into rollout (which loads them too); a train rank resharding into a
-        new group as the dearest move into train (which builds the group's trainer and loads its rows)."""
+        """As measured (with whatever gradients the runs' shifts carried). Where a bench JSON lacks a record
+        of a rank that keeps its role, the nearest measured shift: a disaggregated rollout rank reloading
+        the new weights as a shift into rollout (which loads them too); a train rank resharding into a
+        new group as the dearest shift into train (which builds the group's trainer and loads its rows)."""
         if (src, dst) not in self.shift and src == dst == Role.ROLLOUT:
             return self.shift[(Role.TRAIN, Role.ROLLOUT)]
         if (src, dst) not in self.shift and src == dst == Role.TRAIN:

@@ -18,8 +18,8 @@ StepQueues does, by the same rules (shifting/book.py update_due, publish_due, ah
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
 collectively: its state is resharded, with any gradients accumulated early, and every slot waits for
-the longest move; a move between engine roles holds the moving slot alone), the
-queued work that fits each engine, shared fairly in rank order, and for pivot's train slots every
+the longest shift; a shift between engine roles holds the shifting slot alone), the
+queued work that fits each engine, shared fairly in slot order, and for pivot's train slots every
 judged group no train slot has had. Each engine then
 steps at its own pace, its new requests first, in chunks of at most `prefill_chunk_tokens` a step
 (vLLM's chunked prefill), with a batch fixed between two events, so the next event is the next
@@ -27,9 +27,9 @@ sequence to finish. An engine stops for the round when it runs empty, or at its 
 after the round's limit: none when colocated has nothing queued (its phase ends when its last engine
 empties), else `round_steps` times the median engine step seen in the step (and at least
 `over_exchange` exchanges and `over_longest` of the longest recent steps), which slots that run empty
-after stepping (one in `empty_share`, one at least) cut short for every slot (rank 0's store counter,
-seen `poll_s` / 2 later on average). A slot past the limit with work in hand
-steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
+after stepping (one in `empty_share`, one at least) cut short for every slot (the loop's RoundEnd
+counter in the launch's store, seen `poll_s` / 2 later on average). A slot past the limit with work in
+hand steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
 groups they did not reach. A slot that has stopped waits for the others: the round ends with the last
 step or group in progress. Then the round's exchange with
 rank 0 costs what the cost model says, and only then does rank 0 learn what finished: responses join
@@ -63,16 +63,16 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 class RoundRules:
     """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
     --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
-    the step time before any is measured), which what-if runs (bench/sim_whatif.py) may change, and two
-    switches that turn its rules off:
+    the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
+    change, and two switches that turn its rules off:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
-      shifts_stall_all    every shift holds every slot until the longest move is done (the loop holds
-                          them all only where the train group changes; a move between engine roles
-                          holds the moving slot alone, which takes work again at the next round)"""
-    steps: int = book.ROUND_STEPS
+      shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
+                          them all only where the train group changes; a shift between engine roles
+                          holds the shifting slot alone, which takes work again at the next round)"""
+    round_steps: int = book.ROUND_STEPS
     poll_s: float = book.POLL_S
-    first_step_s: float = book.FIRST_STEP_S
+    first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
     over_exchange: float = book.ROUND_OVER_EXCHANGE
     over_longest: float = book.ROUND_OVER_LONGEST
     empty_share: float = book.EMPTY_SHARE
@@ -114,7 +114,7 @@ class Result:
     tokens: int
     shifts: int
     shift_seconds: float
-    step_seconds: list[float]
+    step_seconds: list[float]  # each timed RL step's (an update's) seconds
     split: dict[str, int]
     slot_seconds: dict[str, float]  # by state (STATES); sums to slots x seconds
     phases: dict[str, float]  # summed over steps: until the last response, then the last verdict, then the end
@@ -153,7 +153,8 @@ class Step:
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
         self.generated = self.judged = 0  # of its own samples
-        self.steps_seen = deque(maxlen=book.RECENT_STEPS)  # (seconds, engine steps): the step's last RECENT_STEPS engine steps
+        # (seconds, engine steps): the step's last RECENT_ENGINE_STEPS engine steps
+        self.engine_steps_seen = deque(maxlen=book.RECENT_ENGINE_STEPS)
         self.ahead: Step | None = None  # the next step, begun during this one (`extend`)
 
     ARRAYS = ("length", "critique", "gen", "cgen", "phase")
@@ -199,15 +200,15 @@ class Step:
         self.queue[Role.ROLLOUT].clear()
         self.train_ready = float(self.tokens(slice(None)).sum())
 
-    def median_step_s(self, default: float) -> float:
-        """The median of the last book.RECENT_STEPS engine steps, as StepQueues.timed_round measures it."""
-        if not self.steps_seen:
+    def median_engine_step_s(self, default: float) -> float:
+        """The median of the last book.RECENT_ENGINE_STEPS engine steps, as StepQueues.timed_round measures it."""
+        if not self.engine_steps_seen:
             return default
         runs, n = [], 0
-        for seconds, count in reversed(self.steps_seen):
-            runs.append((seconds, min(count, book.RECENT_STEPS - n)))
+        for seconds, count in reversed(self.engine_steps_seen):
+            runs.append((seconds, min(count, book.RECENT_ENGINE_STEPS - n)))
             n += runs[-1][1]
-            if n >= book.RECENT_STEPS:
+            if n >= book.RECENT_ENGINE_STEPS:
                 break
         runs.sort()
         half, seen = n / 2, 0
@@ -346,7 +347,7 @@ class Simulation:
             if self._round(rnd):
                 self.rounds += 1
                 self._exchange()
-            elif not any(s.exported for s in self.slots):  # nothing to do until a move ends (no stall)
+            elif not any(s.exported for s in self.slots):  # nothing to do until a shift ends (no stall)
                 moving = [s.ready_at for s in self.slots if s.ready_at > self.now]
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
@@ -388,9 +389,10 @@ class Simulation:
         """Rank 0's plan: every slot's role from now on, and how long the round lasts."""
         roles, step = [s.role for s in self.slots], self.step
         exchange = self.model.exchange_seconds(self.placement, len(self.slots))
-        longest = max((seconds for seconds, _ in step.steps_seen), default=0.0)
+        longest = max((seconds for seconds, _ in step.engine_steps_seen), default=0.0)
         rules = self.rules
-        timed = Round(book.round_seconds(rules.steps, step.median_step_s(rules.first_step_s), longest, exchange,
+        median = step.median_engine_step_s(rules.first_engine_step_s)
+        timed = Round(book.round_seconds(rules.round_steps, median, longest, exchange,
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
             rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
@@ -404,8 +406,8 @@ class Simulation:
         """The shift to `roles`. A train group whose members change is made anew, collectively: the slots
         that stay in it reshard their state too, with `grads` (groups trained early, before the
         optimizer step) the gradients move through storage with it (shifting/context.py, storage.py
-        TrainState.partial), and every slot waits for the longest move. A move between engine roles
-        holds the moving slot alone (and every slot, under `shifts_stall_all`)."""
+        TrainState.partial), and every slot waits for the longest shift. A shift between engine roles
+        holds the shifting slot alone (and every slot, under `shifts_stall_all`)."""
         before = {s.index for s in self.slots if s.role == Role.TRAIN}
         after = {i for i, role in enumerate(roles) if role == Role.TRAIN}
         for slot, role in zip(self.slots, roles):
@@ -418,7 +420,7 @@ class Simulation:
 
     def _dispatch(self) -> None:
         """Each engine role's queue shared among the slots holding it, evening out their loads up to each
-        engine's room, in rank order from the queue's head (book.shares, as StepQueues.dispatch); a
+        engine's room, in slot order from the queue's head (book.shares, as StepQueues.dispatch); a
         slot's first step takes its new requests in."""
         for role in ENGINE_ROLES:
             queue, held = self.step.queue[role], [s for s in self.slots if s.role == role and s.ready_at <= self.now]
@@ -517,7 +519,7 @@ class Simulation:
         self.now = end
 
     def _ingest(self) -> None:
-        """Rank 0 reads the reports, in rank order: finished responses join the judge's queue, verdicts
+        """Rank 0 reads the reports, in slot order: finished responses join the judge's queue, verdicts
         complete groups, and exported sequences go back to the head of their queue."""
         step = self.step
         for slot in self.slots:
@@ -577,7 +579,8 @@ class Simulation:
         exchange = min(m.exchange_seconds(p, n) for p in ("colocated", "pivot"))
 
         def alone(role: str, context: int, tokens: int) -> float:
-            return sum(m.step_seconds(role, 1, context + k) * min(block, tokens - k) for k in range(0, tokens, block))
+            return sum(m.engine_step_seconds(role, 1, context + k) * min(block, tokens - k)
+                       for k in range(0, tokens, block))
 
         top = lambda x: np.argsort(x)[-8:].tolist()  # noqa: E731
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
@@ -651,7 +654,7 @@ class Simulation:
             self.train_share, self.train_version = share, self.train_version + 1
             self._push(self.now + self.train_left * share, -1, self.train_version)
         for s in slots:
-            step_s = share * self.model.step_seconds(s.role, len(s.running), self._context(s.role, s.running))
+            step_s = share * self.model.engine_step_seconds(s.role, len(s.running), self._context(s.role, s.running))
             if s is not touched:
                 self._advance(s)  # whole steps at its old speed
             if s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
@@ -678,7 +681,7 @@ class Simulation:
         slot.t += seconds
         slot.prefill_s = max(0.0, slot.prefill_s - seconds / share)
         slot.stepped = True
-        self.step.steps_seen.append((seconds / chunks, chunks))
+        self.step.engine_steps_seen.append((seconds / chunks, chunks))
         if slot.prefill_s:
             slot.halt = min(slot.halt, slot.t)
 
@@ -730,7 +733,7 @@ class Simulation:
             progress[slot.running] += steps
             slot.t += steps * slot.step_s
             slot.stepped = True
-            self.step.steps_seen.append((slot.step_s, steps))
+            self.step.engine_steps_seen.append((slot.step_s, steps))
 
     def _complete(self, slot: Slot) -> None:
         done = [i for i in slot.running if self._progress(slot.role)[i] >= self._target(slot.role, i)]

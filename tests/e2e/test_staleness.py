@@ -71,7 +71,7 @@ AHEAD_STEPS = 6
 def holds_the_bound_token_by_token(out, steps: int, bound: int) -> None:
     """Every update trains its step's 16 samples, each judged once; a sample's first token was sampled at
     most `bound` versions before the update (min(u, K) before the pipeline is full), each later stretch
-    of its tokens by the same or newer weights, and the record's per-lag token counts are those of the
+    of its tokens by the same or newer weights, and the record's per-staleness token counts are those of the
     samples it trained."""
     records, logged = updates(out), samples(out)
     assert [r["step"] for r in records] == list(range(steps))
@@ -80,7 +80,7 @@ def holds_the_bound_token_by_token(out, steps: int, bound: int) -> None:
     for u, r in enumerate(records):
         trained = [s for s in logged if s["step"] == u]
         assert r["samples"] == 16 and sum(r["staleness"].values()) == 16
-        assert all(0 <= int(lag) <= min(u, bound) for lag in r["staleness"])
+        assert all(0 <= int(k) <= min(u, bound) for k in r["staleness"])
         tokens = collections.Counter()
         for s in trained:
             firsts, versions = [f for f, _ in s["versions"]], [v for _, v in s["versions"]]

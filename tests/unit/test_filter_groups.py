@@ -16,7 +16,7 @@ G = 2
 ARGS = SimpleNamespace(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
 # Each candidate prompt's rewards, by hand: informative when they differ.
 REWARDS = [[1, 1], [0, 1], [0, 0], [1, 1], [1, 0], [0, 1]]
-BATCH = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p], "reference": None, "rubric": None} for p in range(6)]
+PROMPTS = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p], "reference": None, "rubric": None} for p in range(6)]
 
 
 def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
@@ -30,7 +30,8 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
         queues.queue[request.role].remove(request)
         report = Report(request.role)
         if request.role == "rollout":
-            sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", prompt=BATCH[request.key[0]]["prompt"])
+            prompt = PROMPTS[request.key[0]]["prompt"]
+            sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", prompt=prompt)
             report.responses.append((sample, Request("judge", request.key, [6], 8, 0.0, step=request.step)))
         else:
             p, g = request.key
@@ -46,7 +47,7 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
 def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_any_order(seed):
     """Wanting 2 informative groups of REWARDS: prompts 0 to 4 (1 and 4 informative; 0, 2, 3 left out,
     each admitting the next prompt in stream order), never prompt 5, whatever order requests finish in."""
-    queues = StepQueues(BATCH, step=3, args=ARGS, filter_groups=2)
+    queues = StepQueues(PROMPTS, step=3, args=ARGS, filter_groups=2)
     assert [r.key for r in queues.queue["rollout"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     seen = run_step(queues, REWARDS, random.Random(seed))
     # each replacement's G requests come together, in stream order, each with its own place's seed
@@ -61,20 +62,20 @@ def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_an
 
 def test_at_the_cap_the_step_keeps_the_informative_groups_it_has():
     """Three prompts at most, one of them informative: all three drawn, two left out, one to train."""
-    queues = StepQueues(BATCH[:3], step=0, args=ARGS, filter_groups=2)
+    queues = StepQueues(PROMPTS[:3], step=0, args=ARGS, filter_groups=2)
     run_step(queues, REWARDS, random.Random(0))
     assert sorted(queues.dropped) == [0, 2] and queues.ready_groups() == [1] and queues.expected == 3 * G
     assert not queues.held
 
 
 def test_without_the_filter_every_prompt_is_queued_and_none_left_out():
-    queues = StepQueues(BATCH, step=0, args=ARGS)
+    queues = StepQueues(PROMPTS, step=0, args=ARGS)
     run_step(queues, REWARDS, random.Random(1))
     assert queues.dropped == [] and queues.ready_groups() == list(range(6))
 
 
 def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
-    queues = StepQueues(BATCH, step=0, args=ARGS, filter_groups=2)
+    queues = StepQueues(PROMPTS, step=0, args=ARGS, filter_groups=2)
     for request in list(queues.queue["rollout"]):
         sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop")
         queues.ingest([Report("rollout", responses=[(sample, Request("judge", request.key, [6], 8, 0.0))])], 0.0)

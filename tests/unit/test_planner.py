@@ -268,10 +268,10 @@ def test_parse_split():
 def test_loop_adapter_reads_step_queues():
     report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
         role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
-        steps=[(len(generated), seconds, 0)] if generated else [], trained=None)
+        engine_steps=[(len(generated), seconds, 0)] if generated else [], trained=None)
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
-        batch=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
+        prompts=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
         queue={"rollout": [], "judge": [request(50)] * 400}, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
@@ -304,9 +304,9 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
     # A step rolled out before the first update (--max-staleness > 0): its groups are judged, but no train
     # rank gets them (StepQueues.early_train is False), so a rank sent to train would idle.
     report = lambda role, generated: SimpleNamespace(role=role, generated=generated,  # noqa: E731
-                                                     in_flight_tokens=sum(generated), steps=[], trained=None)
+                                                     in_flight_tokens=sum(generated), engine_steps=[], trained=None)
     queues = SimpleNamespace(
-        batch=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
+        prompts=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
         queue={"rollout": [], "judge": []}, round_s=0.05, early_train=True,
         reports=[report("judge", [5] * 60), report("judge", [30])])
     adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
@@ -338,11 +338,11 @@ def test_loop_adapter_measures_the_engines_beside_training():
     # Judge steps of a round in which a rank trained take 1.5 times what the fit of the other rounds says:
     # the adapter's estimate moves halfway there each such round, and those steps leave the fit alone.
     report = lambda role, steps, trained: SimpleNamespace(  # noqa: E731
-        role=role, generated=[5] * 8, in_flight_tokens=80, steps=steps, trained=trained)
+        role=role, generated=[5] * 8, in_flight_tokens=80, engine_steps=steps, trained=trained)
     adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
     fixed, per_seq = adapter.fits["judge"].fit()
     alone = fixed + per_seq * 8
-    queues = SimpleNamespace(batch=[{"prompt_ids": [0] * 10}], train_tokens=lambda: (0, 0), train_pool=None,
+    queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_tokens=lambda: (0, 0), train_pool=None,
                              early_train=True, queue={"rollout": [], "judge": []}, round_s=0.05,
                              reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, None),
                                       report("train", [], {"groups": [0]})])

@@ -11,7 +11,7 @@ from shifting.scheduler import NO_EARLY, Report, StepQueues
 
 G = 2
 ARGS = SimpleNamespace(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
-BATCH = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(2)]
+PROMPTS = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(2)]
 AHEAD = [{"prompt": f"{p}+2=", "prompt_ids": [5, 4 + p]} for p in range(2)]
 POOL = [Sample(p, g, [3], [5], [-1.0], "stop", reward=float(g)) for p in range(2) for g in range(G)]
 
@@ -29,7 +29,7 @@ def finish(queues: StepQueues, request: Request, reward: float = 1.0) -> None:
 
 
 def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_over():
-    queues = StepQueues(BATCH, step=3, args=ARGS, early_train=True, train_pool=POOL, version=1, ahead=AHEAD)
+    queues = StepQueues(PROMPTS, step=3, args=ARGS, early_train=True, train_pool=POOL, version=1, ahead=AHEAD)
     assert not queues.publish_due()  # nothing made yet
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)
     assert queues.update_due() and not queues.publish_due()
@@ -64,7 +64,7 @@ def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_ove
 
 def test_without_a_step_to_run_ahead_into_the_update_waits_for_the_step_end():
     """A step whose update ends in a checkpoint (no `ahead`) publishes nothing during the rollout."""
-    queues = StepQueues(BATCH, step=3, args=ARGS, early_train=True, train_pool=POOL, version=1)
+    queues = StepQueues(PROMPTS, step=3, args=ARGS, early_train=True, train_pool=POOL, version=1)
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)
     queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
     assert queues.update is not None and not queues.publish_due()

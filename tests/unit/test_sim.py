@@ -94,7 +94,7 @@ def test_calibration_rejects_unknown_models_and_bare_numbers(cal, tmp_path):
 
 def test_gpu_model_is_memory_bound_at_small_batch(cal):
     model = C.GpuModel(cal, "moe-30b-a3b-32b")
-    one, many = model.step_seconds("rollout", 1, 3000), model.step_seconds("rollout", 64, 64 * 3000)
+    one, many = model.engine_step_seconds("rollout", 1, 3000), model.engine_step_seconds("rollout", 64, 64 * 3000)
     assert one < many < 64 * one  # batching amortises the weights' read
     assert model.slot_gpus == 1 and C.GpuModel(cal, "moe-235b-a22b-32b").slot_gpus == 8
 
@@ -109,11 +109,11 @@ class StepModel(C.CostModel):
     def __init__(self, cores=None, exchange_s=0.0, judge_step_s=1.0):
         self.cores, self.exchange_s, self.judge_step_s = cores, exchange_s, judge_step_s
 
-    def step_seconds(self, role, batch, context):
+    def engine_step_seconds(self, role, batch, context):
         return 1.0 if role == "rollout" else self.judge_step_s
 
     def token_seconds(self, role):
-        return self.step_seconds(role, 1, 0) / self.max_seqs[role], 0.0
+        return self.engine_step_seconds(role, 1, 0) / self.max_seqs[role], 0.0
 
     def shift_seconds(self, src, dst, train_slots, grads):
         return 0.0
@@ -338,7 +338,7 @@ def test_paper_decode_fit_gives_the_steps_the_release_measured(cal):
         fixed = model.fit["rollout"][4]
         for batch, seconds in measured.items():
             n = model.instances["rollout"]
-            assert model.step_seconds("rollout", batch * n, 0.0) - fixed == pytest.approx(seconds, rel=0.03)
+            assert model.engine_step_seconds("rollout", batch * n, 0.0) - fixed == pytest.approx(seconds, rel=0.03)
     broken = copy.deepcopy(paper)
     broken["groups"]["qwen25-7b+qwen3-30b-a3b"]["tp_judge"]["value"] = 2
     with pytest.raises(C.CalibrationError, match="fit is at tensor-parallel size 4"):

@@ -1,4 +1,4 @@
-"""storage.py's layout and the arithmetic of its copies: aligned disjoint slots, FSDP2's row shards, and
+"""storage.py's layout and the arithmetic of its copies: aligned disjoint regions, FSDP2's row shards, and
 the pieces a copy is cut into (the storage on real ranks and nodes: tests/distributed/test_storage_replicas.py)."""
 import torch
 from hypothesis import given, settings
@@ -8,11 +8,11 @@ from storage import pieces, plan_layout, shard_rows
 
 
 def test_layout_is_aligned_and_disjoint():
-    slots, total = plan_layout([("a", (3,), torch.float32), ("b", (5, 2), torch.bfloat16), ("c", (1,), torch.int64)])
-    assert [s.offset % 64 for s in slots] == [0, 0, 0]
-    ends = [s.offset + s.nbytes for s in slots]
-    assert all(end <= nxt.offset for end, nxt in zip(ends, slots[1:]))
-    assert slots[0].offset >= 8 and total >= ends[-1]
+    regions, total = plan_layout([("a", (3,), torch.float32), ("b", (5, 2), torch.bfloat16), ("c", (1,), torch.int64)])
+    assert [s.offset % 64 for s in regions] == [0, 0, 0]
+    ends = [s.offset + s.nbytes for s in regions]
+    assert all(end <= nxt.offset for end, nxt in zip(ends, regions[1:]))
+    assert regions[0].offset >= 8 and total >= ends[-1]
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,7 +15,7 @@ G = 2
 ARGS = SimpleNamespace(placement="pivot", split=None, max_staleness=1, force_shifts=None, minibatches=1,
                        max_seqs=8, max_response_tokens=8, max_critique_tokens=8, group_size=G, seed=0,
                        temperature=1.0, workload="task")
-BATCH = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(2)]
+PROMPTS = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(2)]
 POOL = [Sample(p, g, [3], [5], [-1.0], "stop", reward=float(g)) for p in range(2) for g in range(G)]
 
 
@@ -29,7 +29,7 @@ def test_each_measurement_moves_the_estimate_halfway():
 
 def test_one_estimate_from_early_training_to_the_planner_and_through_a_checkpoint():
     placement = Placement(ARGS, world_size=2)
-    queues = StepQueues(BATCH, step=1, args=ARGS, early_train=True, train_pool=POOL,
+    queues = StepQueues(PROMPTS, step=1, args=ARGS, early_train=True, train_pool=POOL,
                         train_speed=placement.train_speed)
     # two groups of two samples of 2 tokens each, in 0.1 s on one train rank: 80 tokens per second
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)

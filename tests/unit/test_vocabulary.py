@@ -1,8 +1,10 @@
-"""One vocabulary for the roles, read with `ast` from the project's source (tests/ aside): the code names a
-role by its `roles.Role` member, never by a bare string literal (roles/__init__.py defines the values), and
-the judge is nowhere called genrm, the old name, except as the shipped model's folder, models/arith-genrm.
-A member reads as its value wherever the code writes one (JSON, messages, printed dicts), which is what
-lets the enum stand in for the strings the records and the tests hold."""
+"""One vocabulary (roles/__init__.py), read with `ast` from the project's source (tests/ aside): the code
+names a role by its `roles.Role` member, never by a bare string literal (roles/__init__.py defines the
+values), and the judge is nowhere called genrm, the old name, except as the shipped model's folder,
+models/arith-genrm. A member reads as its value wherever the code writes one (JSON, messages, printed
+dicts), which is what lets the enum stand in for the strings the records and the tests hold. A slot is a
+simulated rank and nothing else (storage's pieces are regions), and `step_seconds` holds RL steps' seconds
+only: an engine step's are `engine_step_seconds`."""
 import ast
 import json
 
@@ -12,6 +14,9 @@ from roles import ENGINE_ROLES, ROLES, Role
 
 OLD_NAME = "genrm"
 FOLDER = "arith-genrm"  # data: the judge model's directory keeps its name
+SIMULATOR = "sim"  # the package whose slots are simulated ranks
+# Where `step_seconds` is bound: the simulator's result and the run that fills it, both RL steps' seconds.
+RL_STEP_SECONDS = {("sim.engine", "Result"), ("sim.engine", "run")}
 
 
 def parsed() -> dict[str, ast.Module]:
@@ -50,6 +55,26 @@ def identifiers(node: ast.AST) -> list[str]:
     return []
 
 
+def bindings(tree: ast.Module) -> list[tuple[str, str, int]]:
+    """(innermost enclosing class or function, name, line) for each name a module binds: functions,
+    classes, arguments, assigned variables and attributes, and annotated fields."""
+    found = []
+
+    def visit(node: ast.AST, scope: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append((scope, node.name, node.lineno))
+            scope = node.name
+        elif isinstance(node, ast.arg):
+            found.append((scope, node.arg, node.lineno))
+        elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            found.append((scope, node.id if isinstance(node, ast.Name) else node.attr, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(tree, "")
+    return found
+
+
 def test_no_bare_role_literal_outside_roles():
     values = {role.value for role in Role}
     found = [f"{name}:{node.lineno}: {node.value!r}" for name, tree in parsed().items() if name != "roles"
@@ -76,3 +101,19 @@ def test_a_role_reads_as_its_value():
     assert f"{Role.ROLLOUT}_s {Role.JUDGE:>6s}" == "rollout_s  judge" and str(Role.TRAIN) == "train"
     assert repr({Role.ROLLOUT: 2}) == "{'rollout': 2}"
     assert {"judge": 1}[Role.JUDGE] == 1 and Role("train") is Role.TRAIN and Role.JUDGE == "judge"
+
+
+def test_a_slot_is_a_simulated_rank():
+    found = [f"{name}:{node.lineno}: {word!r}" for name, tree in parsed().items()
+             if name != SIMULATOR and not name.startswith(f"{SIMULATOR}.")
+             for node in ast.walk(tree) for word in identifiers(node) if "slot" in word.lower()]
+    assert not found, f"a slot is a simulated rank, in sim/ only (storage's pieces are regions): {found}"
+
+
+def test_step_seconds_are_rl_steps():
+    found = [f"{name}:{line}: {scope or 'module'}" for name, tree in parsed().items()
+             for scope, word, line in bindings(tree)
+             if word == "step_seconds" and (name, scope) not in RL_STEP_SECONDS]
+    assert not found, f"an engine step's seconds are engine_step_seconds; step_seconds is an RL step's: {found}"
+    assert {scope for name, tree in parsed().items() for scope, word, _ in bindings(tree)
+            if word == "step_seconds"} == {scope for _, scope in RL_STEP_SECONDS}, "the RL steps' list has moved"

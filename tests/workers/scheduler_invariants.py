@@ -37,13 +37,13 @@ context = RoleContext(d, ["rollout"] * d.world_size, policy=policy_storage,
                       rollout_engine=rollout.engine, judge_engine=judge.engine,
                       make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper), observer=timeline)
 prompts = [("347+85=", "432"), ("9999+1=", "10000"), ("5+5=", "10"), ("1234+4321=", "5555"), ("70+8=", "78")]
-batch = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r in prompts]
+step_prompts = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r in prompts]
 args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_tokens=48, workload="task")
 
 
 def run(plan, capacity, seed):
-    queues = StepQueues(batch, step=0, args=args) if d.rank == 0 else None
-    samples, _, shifts, _ = generate(d, context, queues, plan, batch=batch, rollout=rollout, judge=judge,
+    queues = StepQueues(step_prompts, step=0, args=args) if d.rank == 0 else None
+    samples, _, shifts, _ = generate(d, context, queues, plan, prompts=step_prompts, rollout=rollout, judge=judge,
                                   capacity=capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)

@@ -147,14 +147,14 @@ def safeguards(d, args: list[str]) -> dict:
     def snapshot():
         return [t.to_local().clone() for p, m in zip(params, moments) for t in (p, m["exp_avg"], m["exp_avg_sq"])]
 
-    before, steps, runs = snapshot(), trainer.steps, []
+    before, steps, runs = snapshot(), trainer.optimizer_steps, []
     in_row = first["skipped_in_row"]
     for batch in (poisoned, poisoned, samples):
         stats = trainer.train_step([batch], skipped_in_row=in_row)
         in_row = stats["skipped_in_row"]
         after = snapshot()
         runs.append({"skipped_updates": stats["skipped_updates"], "skipped_in_row": in_row,
-                     "grad_norm_finite": math.isfinite(stats["grad_norm"]), "steps": trainer.steps,
+                     "grad_norm_finite": math.isfinite(stats["grad_norm"]), "steps": trainer.optimizer_steps,
                      "unchanged": all(torch.equal(a, b) for a, b in zip(before, after)),
                      "grads_dropped": all(p.grad is None for p in params)})
     trainer.close()
