@@ -19,6 +19,7 @@ GIB = 1 << 30
 # What an engine takes on the device beyond its weights and KV cache (its profile run's activations,
 # CUDA graphs, sampler buffers): the margin of its start-up memory check (`--engine-overhead-mb`).
 ENGINE_OVERHEAD_MB = 1024
+CPU_STEP_TOKENS = 4096  # vLLM-CPU's own budget of tokens per engine step (its LLM-class default)
 
 
 @dataclass
@@ -85,6 +86,13 @@ class Engine:
         if on_gpu:
             options["gpu_memory_utilization"] = _memory_fraction(model_dir, self.skeleton, kv_cache_bytes,
                                                                  overhead_bytes)
+        else:
+            # No prompt prefilled in pieces on CPU: vLLM (0.32.0) rewinds a seeded request's generator by
+            # its offset after each piece before the last (gpu_model_runner's discard_request_mask), and a
+            # CPU generator has no offset ("CPU Generator does not use offset"), so seeded requests whose
+            # prompts overfill one engine step's token budget together (an eval of many sampled answers)
+            # would stop the run. Whole prompts only, as many as fit the budget each step.
+            options.update(enable_chunked_prefill=False, max_num_batched_tokens=max(CPU_STEP_TOKENS, max_model_len))
         with logs.engine_start():
             self.llm = LLM(
                 model=model_dir,

@@ -1,7 +1,8 @@
 """Sequences cut mid-generation and resumed on another engine, once or several times, end exactly as
 the same sequences generated without a cut: greedy and sampled (each request its own seed). Resumed
 under newer weights (a partial rollout), a greedy sequence keeps the tokens the old weights chose and
-goes on as the new weights continue that prefix, each stretch marked with its version."""
+goes on as the new weights continue that prefix, each stretch marked with its version. And more seeded
+prompts at once than an engine step's token budget holds all run to their end."""
 import json
 import sys
 
@@ -66,6 +67,14 @@ results["across_versions"] = {
     "versions": sorted({str(resumed[r.id].versions) for r in moving}),
     "logprobs_per_token": all(len(c.logprobs) == len(c.token_ids) for c in resumed.values()),
 }
+# More seeded prompts at once than one engine step's token budget holds (an eval of many sampled answers):
+# each is prefilled whole (on CPU no prompt is split over engine steps), and every one runs to its end.
+overfull = [Request("rollout", (i, 0), tok("1234+4321=").input_ids * 4, 8, 1.0, seed=2000 + i,
+                    ignore_eos=True) for i in range(120)]
+assert sum(len(r.prompt_ids) for r in overfull) > 4096
+roomy = Engine(policy, seed=0, max_model_len=128, kv_cache_bytes=64 << 20)  # room for them all at once
+results["overfull_finished"] = sum(len(c.token_ids) == 8 for c in roomy.run(overfull).values())
+roomy.close()
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"), indent=1)
 for engine in engines:
     engine.close()
