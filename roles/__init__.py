@@ -8,7 +8,7 @@ holds the code to some of it).
 - step: one RL step, one update: `--prompts-per-step` prompts x `--group-size` responses rolled out,
   judged and trained on; `--steps` counts them.
 - engine step: one step of a vLLM engine (`Engine.step`): each running sequence decodes a token, new
-  requests prefill in chunks; an RL step takes many.
+  requests prefill (whole prompts on CPU, in chunks on GPU); an RL step takes many.
 - optimizer step: one AdamW step; an update takes `--minibatches` of them (`PolicyTrainer.optimizer_steps`).
 - round: ranks work on their own (engine steps or training), then all report to rank 0 and get their
   orders: role, new requests, the next round's length (shifting/scheduler.py).
