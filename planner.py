@@ -410,8 +410,8 @@ class LoopPlanner:
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
     request has generated), `in_flight_tokens` (prompt + generated tokens of those requests),
-    `engine_steps` (the round's engine steps as (sequences, seconds, prefill tokens)) and `trained` (what
-    it trained early in the round, if anything).
+    `engine_steps` (the round's engine steps as (sequences, seconds, prefill tokens)) and `train_s` (its
+    seconds of training in the round).
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
@@ -429,14 +429,15 @@ class LoopPlanner:
         if self.since is None:
             self.since = [math.inf] * len(roles)
         self.since = [s + queues.round_s for s in self.since]
-        beside = any(r.trained for r in reports)  # a rank trained this round: the engines stepped beside it
+        beside = any(r.train_s for r in reports)  # a rank trained this round: the engines stepped beside it
+        fits = {role: fit.fit() for role, fit in self.fits.items()} if beside else {}
         measured = expected = 0.0
         for r in reports:
             for batch, seconds, prefill in r.engine_steps:
                 if r.role not in self.fits or prefill:  # decode steps: prefill has its own rate
                     continue
                 if beside:
-                    fixed, per_seq = self.fits[r.role].fit()
+                    fixed, per_seq = fits[r.role]
                     measured, expected = measured + seconds, expected + fixed + per_seq * batch
                 else:
                     self.fits[r.role].observe(batch, seconds)
@@ -479,8 +480,6 @@ class LoopPlanner:
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
         ready, done_tokens = queues.train_tokens()
-        if not queues.early_train:  # its rounds hand no group out: a step rolled out before the first update
-            ready = 0
         coming = len(rolling) if queues.train_pool is None else 0
         return step_work(
             rolling=rolling, judging=[g for role, g in running if role == Role.JUDGE],
@@ -488,19 +487,21 @@ class LoopPlanner:
             judge_waiting=len(queues.queue[Role.JUDGE]),
             judge_prefill=sum(len(r.prompt_ids) for r in queues.queue[Role.JUDGE]),
             judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready,
-            train_tokens=done_tokens + coming * (prompt + self.lengths.mean()),
+            train_tokens=done_tokens + coming * (prompt + self.lengths.mean()), early_train=queues.early_train,
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)
 
 
 def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float, judge_waiting: int,
               judge_prefill: float, judge_prompt_tokens: float, train_ready: float, train_tokens: float,
-              update_early: bool, lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
+              early_train: bool, update_early: bool, lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
     """What is left of a step, as the planner weighs it, from what rank 0 knows of it (the loop's
     LoopPlanner.work and the simulator both build it here): `rolling`, the tokens generated so far by
     every response not finished (queued or running; a migrated one has some), `judging`, those of every
     critique being written, `judge_waiting` responses queued for the judge, the prefill tokens queued for
     each engine role, the judge prompt expected of a response still to come, the update's tokens (judged
-    and ready now, and in all). `lengths` and `critiques` estimate what each sequence has left."""
+    and ready now, and in all), whether the step's rounds hand judged groups to train ranks at all
+    (`early_train`: none are ready for them otherwise, as in a step rolled out before the first update).
+    `lengths` and `critiques` estimate what each sequence has left."""
     return Work(
         rollout_seqs=len(rolling),
         rollout_tokens=float(lengths.remaining(rolling).sum()) if rolling else 0.0,
@@ -513,7 +514,7 @@ def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float,
         judge_prefill=float(judge_prefill),
         critique_tokens=critiques.mean(),
         judge_prompt_tokens=judge_prompt_tokens,
-        train_ready=train_ready,
+        train_ready=train_ready if early_train else 0.0,
         train_tokens=train_tokens,
         update_early=update_early,
     )

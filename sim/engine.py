@@ -787,7 +787,7 @@ class Simulation:
     def _work(self) -> planner.Work:
         """What rank 0 tells the planner, built as LoopPlanner.work builds it (planner.step_work): with a
         train pool (K > 0) the update's groups are an earlier step's, all judged; otherwise this step's,
-        as each is judged; none ready in a fill step, whose rounds hand no group out."""
+        as each is judged; none ready where no slot trains early (a fill step hands no group out)."""
         step, w = self.step, self.workload
         pool = self.update or step
         rolling = np.flatnonzero(step.phase <= 1)
@@ -798,7 +798,7 @@ class Simulation:
             judge_waiting=len(step.queue[Role.JUDGE]),
             judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue[Role.JUDGE])),
             judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
-            train_ready=pool.train_ready - pool.train_done if self._early_train() else 0.0,
+            train_ready=pool.train_ready - pool.train_done, early_train=self._early_train(),
             train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done,
             update_early=self.update is not None and self.max_staleness > 0,
             lengths=self.lengths, critiques=self.critiques)

@@ -268,7 +268,7 @@ def test_parse_split():
 def test_loop_adapter_reads_step_queues():
     report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
         role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
-        engine_steps=[(len(generated), seconds, 0)] if generated else [], trained=None)
+        engine_steps=[(len(generated), seconds, 0)] if generated else [], train_s=0.0)
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
@@ -304,7 +304,7 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
     # A step rolled out before the first update (--max-staleness > 0): its groups are judged, but no train
     # rank gets them (StepQueues.early_train is False), so a rank sent to train would idle.
     report = lambda role, generated: SimpleNamespace(role=role, generated=generated,  # noqa: E731
-                                                     in_flight_tokens=sum(generated), engine_steps=[], trained=None)
+                                                     in_flight_tokens=sum(generated), engine_steps=[], train_s=0.0)
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
         queue={"rollout": [], "judge": []}, round_s=0.05, early_train=True,
@@ -337,15 +337,15 @@ def test_engines_slowed_beside_training_make_early_training_pay_less():
 def test_loop_adapter_measures_the_engines_beside_training():
     # Judge steps of a round in which a rank trained take 1.5 times what the fit of the other rounds says:
     # the adapter's estimate moves halfway there each such round, and those steps leave the fit alone.
-    report = lambda role, steps, trained: SimpleNamespace(  # noqa: E731
-        role=role, generated=[5] * 8, in_flight_tokens=80, engine_steps=steps, trained=trained)
+    report = lambda role, steps, train_s: SimpleNamespace(  # noqa: E731
+        role=role, generated=[5] * 8, in_flight_tokens=80, engine_steps=steps, train_s=train_s)
     adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
     fixed, per_seq = adapter.fits["judge"].fit()
     alone = fixed + per_seq * 8
     queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_tokens=lambda: (0, 0), train_pool=None,
                              early_train=True, queue={"rollout": [], "judge": []}, round_s=0.05,
-                             reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, None),
-                                      report("train", [], {"groups": [0]})])
+                             reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, 0.0),
+                                      report("train", [], 0.2)])
     adapter(["judge", "train"], queues)
     assert adapter.measured_speeds().beside_train == pytest.approx(1.25)
     assert adapter.fits["judge"].fit() == (fixed, per_seq)
