@@ -69,6 +69,16 @@ from tasks import longtail
 
 
 @dataclass(frozen=True)
+class SamplingOptions:
+    """How a step's responses are sampled, from pivot_train.py's flags (checked there, in `check_config`)."""
+    group_size: int  # --group-size G: responses per prompt
+    seed: int  # --seed: what each response's sampling seed (and a longtail response's length) is drawn from
+    temperature: float  # --temperature: the policy samples at it
+    max_response_tokens: int  # --max-response-tokens: the most tokens a response takes
+    workload: str  # --workload: task (as the policy writes) or longtail (each response to a drawn length)
+
+
+@dataclass(frozen=True)
 class Rounds:
     """How long every rank works before its next report: at most `engine_steps` engine steps and at most
     `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
@@ -183,20 +193,20 @@ class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, prompts: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
-                 train_speed: TrainSpeed | None = None, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
-                 filter_groups: int | None = None, version: int = 0, ahead: list[dict] | None = None,
-                 carried: "StepQueues | None" = None):
+    def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1,
+                 early_train: bool = False, train_speed: TrainSpeed | None = None,
+                 train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
+                 version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
         `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
         this step's own work begun so, during the step before (`carry`)."""
-        self.args, self.prompts, self.step, self.group_size = args, prompts, step, args.group_size
+        self.sampling, self.prompts, self.step, self.group_size = sampling, prompts, step, sampling.group_size
         requests = RolloutEngine.requests(
-            prompts, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
-            max_tokens=args.max_response_tokens,
-            lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
+            prompts, group_size=sampling.group_size, step=step, seed=sampling.seed, temperature=sampling.temperature,
+            max_tokens=sampling.max_response_tokens, lengths=longtail.lengths(
+                sampling.workload, sampling.seed, longtail.RESPONSE, sampling.max_response_tokens))
         admitted = len(prompts) if filter_groups is None else min(filter_groups, len(prompts))
         self.queue = {Role.ROLLOUT: deque(requests[:admitted * self.group_size]), Role.JUDGE: deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
@@ -268,7 +278,8 @@ class StepQueues:
         """The update goes out at this round's start: the version published, and the next step's prompts
         (their requests behind this step's) join the queue."""
         self.published = True
-        self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, args=self.args, version=self.version + 1)
+        self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, sampling=self.sampling,
+                                version=self.version + 1)
         self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
         self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
         return self.version + 1
