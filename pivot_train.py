@@ -350,7 +350,7 @@ def check_placement(args, world_size: int) -> PlacementOptions:
                             force_shifts=args.force_shifts, force_shift_rate=args.force_shift_rate,
                             minibatches=args.minibatches, max_seqs=args.max_seqs,
                             max_response_tokens=args.max_response_tokens,
-                            max_critique_tokens=args.max_critique_tokens)
+                            max_critique_tokens=args.max_critique_tokens, seed=args.seed)
 
 
 def sampling_options(args) -> SamplingOptions:
@@ -688,8 +688,7 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, prompts=prompts,
                                          rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
-                                         seed=args.seed if args.force_shifts is None else args.force_shifts,
-                                         step=step, timeline=timeline, ahead=ahead)
+                                         seed=placement.seed, step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)

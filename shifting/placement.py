@@ -25,6 +25,7 @@ class PlacementOptions:
     max_seqs: int  # --max-seqs: sequences in flight per engine (the planner's prior of an engine's room)
     max_response_tokens: int  # --max-response-tokens: the longest response, before the planner has seen any
     max_critique_tokens: int  # --max-critique-tokens: the longest critique, likewise
+    seed: int  # --seed: seeds a step's random choices of roles, unless --force-shifts gives its own
 
 
 class Placement:
@@ -50,6 +51,12 @@ class Placement:
         # The run's one estimate of the training speed (the pivot planner's, where there is one): every
         # early train round measures it (StepQueues.ingest), and each update of a pivot run (`learn`).
         self.train_speed = self.planner.train if self.planner else TrainSpeed()
+
+    @property
+    def seed(self) -> int:
+        """What seeds each step's random choices of roles (`plan`'s rng): --force-shifts' SEED, so that its
+        schedule of moves depends on it alone, else --seed."""
+        return self.options.seed if self.options.force_shifts is None else self.options.force_shifts
 
     def start_roles(self) -> list[str]:
         return list(self.options.split) if self.options.split else [Role.ROLLOUT] * self.world_size

@@ -13,7 +13,7 @@ from shifting.scheduler import NO_EARLY, Report, SamplingOptions, StepQueues
 
 G = 2
 PLACEMENT = PlacementOptions(placement="pivot", split=None, max_staleness=1, force_shifts=None, force_shift_rate=0.2,
-                             minibatches=1, max_seqs=8, max_response_tokens=8, max_critique_tokens=8)
+                             minibatches=1, max_seqs=8, max_response_tokens=8, max_critique_tokens=8, seed=0)
 SAMPLING = SamplingOptions(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
 PROMPTS = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(2)]
 POOL = [Sample(p, g, [3], [5], [-1.0], "stop", reward=float(g)) for p in range(2) for g in range(G)]
