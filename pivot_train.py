@@ -686,7 +686,7 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
-    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, prompts=prompts,
+    samples, early, shifts, resume_s = generate(d, context, queues, placement.next_roles, prompts=prompts,
                                          rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
                                          seed=placement.seed, step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
@@ -697,8 +697,8 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
               if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
     failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead = counts[0]
-    # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and the
-    # plan: the rounds' exchange with rank 0.
+    # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and
+    # rank 0's choice of roles (plan_s): the rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]
     figures = {"shifts": shifts, "migrated_sequences": migrated,
                "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),

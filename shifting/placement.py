@@ -1,16 +1,18 @@
-"""Where each role runs (`--placement`): the roles a step starts with, the plan while it rolls out and
-judges, and the ranks that train at its end. The algorithm is the same in every placement.
+"""Where each role runs (`--placement`): the roles a step starts with, each round's roles while it rolls
+out and judges (`next_roles`: the one place that decides them), and the ranks that train at its end. The
+algorithm is the same in every placement.
 
   colocated      every rank rolls out, then every rank judges, then every rank trains
   disaggregated  a fixed `--split` of ranks per role; responses stream to the judge ranks
   pivot          the planner (planner.py) moves ranks between roles while the step runs
-`--force-shifts SEED` replaces any placement's plan by a seeded random one, to exercise migration.
+`--force-shifts SEED` replaces any placement's roles by a seeded random schedule of moves, to exercise
+migration.
 """
 from dataclasses import dataclass
 
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed
 from roles import ROLES, Role
-from shifting.scheduler import Rounds, colocated_plan, forced_plan
+from shifting.scheduler import Rounds, colocated_roles, forced_roles
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Placement:
 
     @property
     def seed(self) -> int:
-        """What seeds each step's random choices of roles (`plan`'s rng): --force-shifts' SEED, so that its
+        """What seeds each step's random choices of roles (`next_roles`' rng): --force-shifts' SEED, so that its
         schedule of moves depends on it alone, else --seed."""
         return self.options.seed if self.options.force_shifts is None else self.options.force_shifts
 
@@ -66,15 +68,16 @@ class Placement:
         train on every rank, since nothing else is left to do in a synchronous step."""
         return list(self.options.split) if self.options.split else [Role.TRAIN] * self.world_size
 
-    def plan(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
-        """The roles from now on, and how long the ranks work before they next report."""
+    def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
+        """The roles from now on, and how long the ranks work before they next report: --force-shifts'
+        random moves, pivot's plan (planner.py), a split's own roles, or colocated's turn of every rank."""
         if self.options.force_shifts is not None:
-            return forced_plan(roles, queues, rng, self.options.force_shift_rate)
+            return forced_roles(roles, queues, rng, self.options.force_shift_rate)
         if self.planner is not None:
             return self.planner(roles, queues, rng), queues.timed_round()
         if self.options.split:
             return roles, queues.timed_round()
-        return colocated_plan(roles, queues, rng)
+        return colocated_roles(roles, queues, rng)
 
     def state(self) -> dict | None:
         return self.planner.state() if self.planner else None

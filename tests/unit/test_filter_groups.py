@@ -9,7 +9,7 @@ import pytest
 from roles.engine import Request
 from roles.judge import Verdict
 from roles.rollout import Sample, sample_seed
-from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_plan
+from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 
 G = 2
 SAMPLING = SamplingOptions(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
@@ -83,6 +83,6 @@ def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
     queues.ingest([Report("judge", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0, step=r.step) for r in judge])], 0.0)
     assert queues.dropped == [0] and [r.key for r in queues.queue["rollout"]] == [(2, 0), (2, 1)]
     rng = random.Random(0)
-    assert colocated_plan(["judge"] * 2, queues, rng)[0] == ["judge"] * 2  # prompt 1 still to judge
+    assert colocated_roles(["judge"] * 2, queues, rng)[0] == ["judge"] * 2  # prompt 1 still to judge
     queues.queue["judge"].clear()
-    assert colocated_plan(["judge"] * 2, queues, rng)[0] == ["rollout"] * 2
+    assert colocated_roles(["judge"] * 2, queues, rng)[0] == ["rollout"] * 2

@@ -14,7 +14,7 @@ from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
-from shifting.scheduler import SamplingOptions, StepQueues, colocated_plan, forced_plan, generate
+from shifting.scheduler import SamplingOptions, StepQueues, colocated_roles, forced_roles, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import encode_prompt
 from timeline import Timeline
@@ -40,9 +40,9 @@ step_prompts = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} fo
 sampling = SamplingOptions(group_size=3, seed=0, temperature=1.0, max_response_tokens=48, workload="task")
 
 
-def run(plan, capacity, seed):
+def run(next_roles, capacity, seed):
     queues = StepQueues(step_prompts, step=0, sampling=sampling) if d.rank == 0 else None
-    samples, _, shifts, _ = generate(d, context, queues, plan, prompts=step_prompts, rollout=rollout, judge=judge,
+    samples, _, shifts, _ = generate(d, context, queues, next_roles, prompts=step_prompts, rollout=rollout, judge=judge,
                                   capacity=capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
@@ -59,13 +59,13 @@ def update(samples):
     return dict(trainer.full_weights())
 
 
-still, _, still_runs, _ = run(colocated_plan, 64, 0)
+still, _, still_runs, _ = run(colocated_roles, 64, 0)
 results = {"reference_judge_runs": still_runs, "rewards": [s.reward for s in still], "trials": []}
 moved_samples = None
 for trial in range(trials):
     schedule = random.Random(trial)
     rate, capacity = schedule.choice([0.05, 0.2, 0.5]), schedule.choice([2, 5, 64])
-    samples, shifts, runs, migrated = run(lambda roles, q, rng, rate=rate: forced_plan(roles, q, rng, rate),
+    samples, shifts, runs, migrated = run(lambda roles, q, rng, rate=rate: forced_roles(roles, q, rng, rate),
                                           capacity, 1000 + trial)
     results["trials"].append({
         "rate": rate, "capacity": capacity, "keys": [list(s.key) for s in samples], "judge_runs": runs,
