@@ -480,7 +480,7 @@ def main(argv=None):
     if args.dry_run:
         import dryrun
         print(data_line(data_info, args))
-        dryrun.print_plan(dryrun.plan(args, placement_options))
+        dryrun.print_sizing(dryrun.sizing(args, placement_options))
         return
     out = Path(args.out)
     resume, again = checkpoint.latest(out), (out / "config.json").exists()
