@@ -147,8 +147,10 @@ def train_memory(m: dict, ranks: int, shape: tuple[int, int, int], *, activation
     return {**state, **phases[peak]}, peak
 
 
-def plan(args) -> dict:
-    """The checked plan for `args.world_size` ranks: roles, per-device bytes per role, per-node bytes."""
+def sizing(args, placement_options) -> dict:
+    """The checked sizing of a run on `args.world_size` ranks under `placement_options`
+    (shifting/placement.py's, as pivot_train.py checks them): roles, per-device bytes per role, per-node
+    bytes."""
     world = args.world_size
     if world < 1:
         sys.exit("--world-size must be at least 1")
@@ -166,7 +168,7 @@ def plan(args) -> dict:
             sys.exit(f"--kv-cache-mb {args.kv_cache_mb} holds {tokens} tokens of the {name}'s KV cache, fewer than "
                      f"one sequence of --max-model-len {args.max_model_len}: raise --kv-cache-mb to at least {need}")
     from shifting.placement import Placement
-    placement = Placement(args, world)
+    placement = Placement(placement_options, world)
     roles, train_ranks = placement.start_roles(), placement.train_roles().count(Role.TRAIN)
     train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
                                      activation_checkpointing=args.activation_checkpointing, kl=args.kl_coef > 0)
@@ -208,7 +210,7 @@ THEN = {"colocated": "every rank then judges and trains in turn",
         "disaggregated": "each rank keeps its role"}
 
 
-def print_plan(p: dict) -> None:
+def print_sizing(p: dict) -> None:
     print(f"dry run: {p['world_size']} ranks = {p['nodes']} nodes x {p['ranks_per_node']}; placement {p['placement']}; "
           f"engines, gathered weights and activations in {p['dtype'].removeprefix('torch.')}")
     for name in ("policy", Role.JUDGE):

@@ -61,7 +61,7 @@ def checkpoint_dtypes(policy_dir: str) -> dict[str, torch.dtype]:
     return dtypes
 
 
-def plan_shards(tensors: list[tuple[str, str, tuple[int, ...], torch.dtype]], limit: int) -> list[list]:
+def shards_of(tensors: list[tuple[str, str, tuple[int, ...], torch.dtype]], limit: int) -> list[list]:
     """`tensors` in order, cut into shards of at most `limit` bytes (a larger tensor is a shard alone)."""
     shards, size = [], 0
     for tensor in tensors:
@@ -130,7 +130,7 @@ def write_model(d, train_state, policy_dir: str, folder: Path, max_shard_bytes: 
         fallback = getattr(torch, fallback)
     tensors = [(name, parameter, shape, dtypes.get(name, fallback))
                for name, parameter, shape in checkpoint_layout(model)]
-    shards = plan_shards(tensors, max_shard_bytes)
+    shards = shards_of(tensors, max_shard_bytes)
     files = shard_names(len(shards))
     tmp = folder.parent / f".{folder.name}.tmp"
     if d.rank == 0:

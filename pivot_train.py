@@ -90,8 +90,8 @@ from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting import book
 from shifting.context import RoleContext
-from shifting.placement import Placement
-from shifting.scheduler import StepQueues, generate, publish_update
+from shifting.placement import Placement, PlacementOptions
+from shifting.scheduler import SamplingOptions, StepQueues, generate, publish_update
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks import longtail
 from tasks.dataset import DataError, encode_prompt, fit_to_length, load_records, split_heldout, stream_prompts
@@ -285,8 +285,8 @@ NUMBER_RULES = [
 ]
 
 
-def check_config(args) -> str:
-    """Template text, after every check that can fail before anything is built."""
+def check_config(args) -> tuple[str, PlacementOptions]:
+    """Template text and the placement's options, after every check that can fail before anything is built."""
     for flag in ("policy", "judge_model"):
         if not (Path(getattr(args, flag)) / "config.json").is_file():
             sys.exit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: no config.json there; pass a Hugging Face "
@@ -316,17 +316,8 @@ def check_config(args) -> str:
         template = Path(args.judge_template).read_text()
     except OSError as e:
         sys.exit(f"--judge-template {args.judge_template}: {e.strerror}")
-    if args.placement == "disaggregated":
-        if not args.split:
-            sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,judge=1,train=1")
-        try:
-            roles = parse_split(args.split, args.world_size if args.dry_run else int(os.environ.get("WORLD_SIZE", "1")))
-        except ValueError as e:
-            sys.exit(str(e))
-        if Role.TRAIN not in roles:
-            sys.exit(f"--split {args.split} has no train rank: add train=1 (disaggregated needs 3 ranks or more)")
-    elif args.split:
-        sys.exit(f"--split applies to --placement disaggregated only (this run is {args.placement})")
+    world_size = args.world_size if args.dry_run else int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    placement_options = check_placement(args, world_size)
     if "{prompt}" not in template or "{response}" not in template:
         sys.exit(f"--judge-template {args.judge_template} must contain {{prompt}} and {{response}}")
     if args.judge_kind == "rubric" and "{rubric}" not in template:
@@ -337,7 +328,36 @@ def check_config(args) -> str:
             faults.parse(os.environ["PIVOT_KILL"])
         except ValueError as e:
             sys.exit(str(e))
-    return template
+    return template, placement_options
+
+
+def check_placement(args, world_size: int) -> PlacementOptions:
+    """The options of the placement (shifting/placement.py), a disaggregated run's --split parsed for
+    `world_size` ranks."""
+    split = None
+    if args.placement == "disaggregated":
+        if not args.split:
+            sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,judge=1,train=1")
+        try:
+            split = tuple(parse_split(args.split, world_size))
+        except ValueError as e:
+            sys.exit(str(e))
+        if Role.TRAIN not in split:
+            sys.exit(f"--split {args.split} has no train rank: add train=1 (disaggregated needs 3 ranks or more)")
+    elif args.split:
+        sys.exit(f"--split applies to --placement disaggregated only (this run is {args.placement})")
+    return PlacementOptions(placement=args.placement, split=split, max_staleness=args.max_staleness,
+                            force_shifts=args.force_shifts, force_shift_rate=args.force_shift_rate,
+                            minibatches=args.minibatches, max_seqs=args.max_seqs,
+                            max_response_tokens=args.max_response_tokens,
+                            max_critique_tokens=args.max_critique_tokens, seed=args.seed)
+
+
+def sampling_options(args) -> SamplingOptions:
+    """How the steps' responses are sampled (shifting/scheduler.py's StepQueues), from flags check_config
+    has checked."""
+    return SamplingOptions(group_size=args.group_size, seed=args.seed, temperature=args.temperature,
+                           max_response_tokens=args.max_response_tokens, workload=args.workload)
 
 
 def check_filter_groups(args) -> None:
@@ -453,14 +473,14 @@ def load_data(args, template: str, policy_tok, judge_tok) -> tuple[list[dict], l
 def main(argv=None):
     args = parse_args(argv)
     logs.configure(args.verbose)
-    template = check_config(args)
+    template, placement_options = check_config(args)
     policy_tok, judge_tok = load_tokenizer(args, "policy"), load_tokenizer(args, "judge_model")
     check_tokenizers(args, template, policy_tok, judge_tok)
     train_set, eval_set, data_info = load_data(args, template, policy_tok, judge_tok)
     if args.dry_run:
         import dryrun
         print(data_line(data_info, args))
-        dryrun.print_plan(dryrun.plan(args))
+        dryrun.print_sizing(dryrun.sizing(args, placement_options))
         return
     out = Path(args.out)
     resume, again = checkpoint.latest(out), (out / "config.json").exists()
@@ -489,7 +509,7 @@ def main(argv=None):
 
     on_gpu = d.device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    placement = Placement(args, d.world_size)
+    placement, sampling = Placement(placement_options, d.world_size), sampling_options(args)
     train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0, keep_grads=placement.early_train)
     storage = ParameterStorage(d, "policy", train_state.weight_shapes(dtype))
     if resume:
@@ -550,8 +570,9 @@ def main(argv=None):
         data stream; None: none."""
         nonlocal position, carried
         samples, early, generation, carried = rollout_and_judge(
-            d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, train_pool=train_pool,
-            skipped_in_row=skipped_in_row, ahead=None if ahead is None else prompts(step, later=1), carried=carried)
+            d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, sampling=sampling,
+            train_pool=train_pool, skipped_in_row=skipped_in_row,
+            ahead=None if ahead is None else prompts(step, later=1), carried=carried)
         position += len(samples) // args.group_size  # every prompt drawn yields G samples
         return samples, early, generation
 
@@ -646,7 +667,7 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
 
 
 def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placement, step, timeline, args, *,
-                      train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
+                      sampling: SamplingOptions, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
                       ahead: list[dict] | None = None, carried: StepQueues | None = None):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
     weights' versions that sampled its tokens, and what the step's rollout and judging took (shifts,
@@ -659,16 +680,15 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
-    queues = StepQueues(prompts, step=step, args=args, round_steps=args.round_steps, early_train=early_train,
+    queues = StepQueues(prompts, step=step, sampling=sampling, round_steps=args.round_steps, early_train=early_train,
                         train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
-    samples, early, shifts, resume_s = generate(d, context, queues, placement.plan, prompts=prompts,
+    samples, early, shifts, resume_s = generate(d, context, queues, placement.next_roles, prompts=prompts,
                                          rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
-                                         seed=args.seed if args.force_shifts is None else args.force_shifts,
-                                         step=step, timeline=timeline, ahead=ahead)
+                                         seed=placement.seed, step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
@@ -677,8 +697,8 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
               if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
     failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead = counts[0]
-    # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and the
-    # plan: the rounds' exchange with rank 0.
+    # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and
+    # rank 0's choice of roles (plan_s): the rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]
     figures = {"shifts": shifts, "migrated_sequences": migrated,
                "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),

@@ -46,7 +46,7 @@ class Region:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def plan_layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[list[Region], int]:
+def layout(shapes: list[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[list[Region], int]:
     """Place tensors back to back, each aligned, after the header; returns the regions and total bytes."""
     regions, offset = [], _HEADER
     for name, shape, dtype in shapes:
@@ -106,7 +106,7 @@ class ParameterStorage:
 
     def __init__(self, d: Dist, model: str, shapes: list[tuple[str, tuple[int, ...], torch.dtype]]):
         self.d = d
-        self.regions, self.nbytes = plan_layout(shapes)
+        self.regions, self.nbytes = layout(shapes)
         self.region = {s.name: s for s in self.regions}
         self.index = {s.name: i for i, s in enumerate(self.regions)}
         run_id = [uuid.uuid4().hex[:12] if d.rank == 0 else None]

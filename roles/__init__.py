@@ -12,8 +12,9 @@ holds the code to some of it).
 - optimizer step: one AdamW step; an update takes `--minibatches` of them (`PolicyTrainer.optimizer_steps`).
 - round: ranks work on their own (engine steps or training), then all report to rank 0 and get their
   orders: role, new requests, the next round's length (shifting/scheduler.py).
-- move: the planner's order that one rank change role (`planner.Move`); shift: a rank carrying out its
-  move: drain, offload, onload, ready (shifting/context.py).
+- move: the planner's order that one rank change role (`planner.Move`); plan: the planner's moves for a
+  round (`planner.plan`) and nothing else (each round's roles, in any placement: `Placement.next_roles`).
+- shift: a rank carrying out its move: drain, offload, onload, ready (shifting/context.py).
 - migration: a shifting rank's in-flight sequences resume elsewhere with their sampler's state, token for token.
 - placement: where each role runs (`--placement`); pivot's planner (planner.py) picks each round's moves.
 - request: one sequence for an engine: a rollout request per sample, a judge request per response.

@@ -1,58 +1,83 @@
-"""Where each role runs (`--placement`): the roles a step starts with, the plan while it rolls out and
-judges, and the ranks that train at its end. The algorithm is the same in every placement.
+"""Where each role runs (`--placement`): the roles a step starts with, each round's roles while it rolls
+out and judges (`next_roles`: the one place that decides them), and the ranks that train at its end. The
+algorithm is the same in every placement.
 
   colocated      every rank rolls out, then every rank judges, then every rank trains
   disaggregated  a fixed `--split` of ranks per role; responses stream to the judge ranks
   pivot          the planner (planner.py) moves ranks between roles while the step runs
-`--force-shifts SEED` replaces any placement's plan by a seeded random one, to exercise migration.
+`--force-shifts SEED` replaces any placement's roles by a seeded random schedule of moves, to exercise
+migration.
 """
-from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed, parse_split
+from dataclasses import dataclass
+
+from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed
 from roles import ROLES, Role
-from shifting.scheduler import Rounds, colocated_plan, forced_plan
+from shifting.scheduler import Rounds, colocated_roles, forced_roles
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """What a placement is given, from pivot_train.py's flags (checked there, in `check_placement`)."""
+    placement: str  # --placement: colocated, disaggregated or pivot
+    split: tuple[Role, ...] | None  # --split, parsed: each rank's role, in rank order (disaggregated; else None)
+    max_staleness: int  # --max-staleness K: the update trains the groups of the step K earlier (0: this step's)
+    force_shifts: int | None  # --force-shifts SEED: a seeded random schedule of moves; None: the placement's roles
+    force_shift_rate: float  # --force-shift-rate: with --force-shifts, the chance of a move at each engine step
+    minibatches: int  # --minibatches: optimizer steps per RL step (early training takes one)
+    max_seqs: int  # --max-seqs: sequences in flight per engine (the planner's prior of an engine's room)
+    max_response_tokens: int  # --max-response-tokens: the longest response, before the planner has seen any
+    max_critique_tokens: int  # --max-critique-tokens: the longest critique, likewise
+    seed: int  # --seed: seeds a step's random choices of roles, unless --force-shifts gives its own
 
 
 class Placement:
-    def __init__(self, args, world_size: int):
-        self.args, self.world_size = args, world_size
-        self.split = parse_split(args.split, world_size) if args.placement == "disaggregated" else None
+    def __init__(self, options: PlacementOptions, world_size: int):
+        self.options, self.world_size = options, world_size
         # Early training: the planner may move ranks to train on judged groups while the step still
         # rolls out and judges; the optimizer steps once every group is in, so the update is the same.
         # One minibatch only: a later minibatch's gradients need the weights its predecessor updates.
         # With --max-staleness > 0 the groups are an earlier step's, so a fixed split's train ranks too
         # work through them while the others roll out and judge.
-        overlaps = args.placement == "pivot" or (args.placement == "disaggregated" and args.max_staleness > 0)
-        self.early_train = overlaps and args.force_shifts is None and args.minibatches == 1
+        overlaps = options.placement == "pivot" or (options.placement == "disaggregated" and options.max_staleness > 0)
+        self.early_train = overlaps and options.force_shifts is None and options.minibatches == 1
         self.planner = None
-        if args.placement == "pivot":
+        if options.placement == "pivot":
             # Priors only: the planner refits engine speeds every round and shift costs every step.
-            engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=args.max_seqs)
+            engine = EngineSpeed(step_s=0.01, per_seq_s=1e-4, prefill_per_s=1e4, max_seqs=options.max_seqs)
             self.planner = LoopPlanner(Speeds(engine, engine, train_per_s=TrainSpeed.PRIOR),
                                        # a shift between roles, and a train group's reshard
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == Role.TRAIN},
-                                       LengthEstimate([], args.max_response_tokens),
-                                       LengthEstimate([], args.max_critique_tokens),
+                                       LengthEstimate([], options.max_response_tokens),
+                                       LengthEstimate([], options.max_critique_tokens),
                                        PlannerConfig(early_train=self.early_train, min_train_ranks=1))
         # The run's one estimate of the training speed (the pivot planner's, where there is one): every
         # early train round measures it (StepQueues.ingest), and each update of a pivot run (`learn`).
         self.train_speed = self.planner.train if self.planner else TrainSpeed()
 
+    @property
+    def seed(self) -> int:
+        """What seeds each step's random choices of roles (`next_roles`' rng): --force-shifts' SEED, so that its
+        schedule of moves depends on it alone, else --seed."""
+        return self.options.seed if self.options.force_shifts is None else self.options.force_shifts
+
     def start_roles(self) -> list[str]:
-        return list(self.split) if self.split else [Role.ROLLOUT] * self.world_size
+        return list(self.options.split) if self.options.split else [Role.ROLLOUT] * self.world_size
 
     def train_roles(self) -> list[str]:
         """Disaggregated keeps its split (its train ranks train, the others wait); colocated and pivot
         train on every rank, since nothing else is left to do in a synchronous step."""
-        return list(self.split) if self.split else [Role.TRAIN] * self.world_size
+        return list(self.options.split) if self.options.split else [Role.TRAIN] * self.world_size
 
-    def plan(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
-        """The roles from now on, and how long the ranks work before they next report."""
-        if self.args.force_shifts is not None:
-            return forced_plan(roles, queues, rng, self.args.force_shift_rate)
+    def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
+        """The roles from now on, and how long the ranks work before they next report: --force-shifts'
+        random moves, pivot's plan (planner.py), a split's own roles, or colocated's turn of every rank."""
+        if self.options.force_shifts is not None:
+            return forced_roles(roles, queues, rng, self.options.force_shift_rate)
         if self.planner is not None:
             return self.planner(roles, queues, rng), queues.timed_round()
-        if self.split:
+        if self.options.split:
             return roles, queues.timed_round()
-        return colocated_plan(roles, queues, rng)
+        return colocated_roles(roles, queues, rng)
 
     def state(self) -> dict | None:
         return self.planner.state() if self.planner else None
@@ -68,8 +93,8 @@ class Placement:
             return
         if "train_tokens_per_s" in stats:  # measured in a step that trained something
             self.train_speed.observe(stats["train_tokens_per_s"])
-        self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.args.max_response_tokens)
-        self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.args.max_critique_tokens)
+        self.planner.lengths = LengthEstimate([len(s.response_ids) for s in samples], self.options.max_response_tokens)
+        self.planner.critiques = LengthEstimate([s.critique_tokens for s in samples], self.options.max_critique_tokens)
         for shift in shifts:
             key = (shift["from"], shift["to"])
             if key in self.planner.costs:

@@ -13,7 +13,7 @@ round. A rank told to change role first exports its in-flight requests; they go 
 their queue and resume on another rank with prompt + generated as the prompt and their sampler's
 state, so a migrated sequence comes out token for token as it would have without the move.
 
-How long a round lasts is the plan's to say (`Rounds`): a placement that cannot change anything
+How long a round lasts is the placement's to say (`Rounds`): a placement that cannot change anything
 before every engine has run empty (colocated, with nothing queued) works until then and reports once;
 a planner that may move ranks at any time reports every `round_steps` engine steps' worth of time (and
 at least ROUND_OVER_EXCHANGE exchanges' and ROUND_OVER_LONGEST of the longest recent steps' worth:
@@ -69,10 +69,20 @@ from tasks import longtail
 
 
 @dataclass(frozen=True)
+class SamplingOptions:
+    """How a step's responses are sampled, from pivot_train.py's flags (checked there, in `check_config`)."""
+    group_size: int  # --group-size G: responses per prompt
+    seed: int  # --seed: what each response's sampling seed (and a longtail response's length) is drawn from
+    temperature: float  # --temperature: the policy samples at it
+    max_response_tokens: int  # --max-response-tokens: the most tokens a response takes
+    workload: str  # --workload: task (as the policy writes) or longtail (each response to a drawn length)
+
+
+@dataclass(frozen=True)
 class Rounds:
     """How long every rank works before its next report: at most `engine_steps` engine steps and at most
     `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
-    `early` it ends the round for every rank (the plan has other work for a rank that runs empty)."""
+    `early` it ends the round for every rank (the placement has other work for a rank that runs empty)."""
     engine_steps: int | None = None
     seconds: float | None = None
     early: bool = False
@@ -81,7 +91,7 @@ class Rounds:
 class RoundEnd:
     """When a timed round ends, agreed without a collective: a counter in the launch's store that every
     rank adds 1 to once it has had its round's time (or has nothing left to do), and that a rank whose
-    engine ran empty (when the plan may have other work for it) also adds world size + 1 to: the round
+    engine ran empty (when the placement may have other work for it) also adds world size + 1 to: the round
     ends once every rank has arrived, or once EMPTY_SHARE of the ranks have run empty. A rank past its
     time keeps working until then, looking the counter up between engine steps, at most every `poll_s`
     (a look-up is a round trip to the store, some 0.1-0.3 ms): so no rank idles while another finishes a
@@ -107,7 +117,7 @@ class RoundEnd:
             self.store.add(self.key, 1)
 
     def end_now(self) -> None:
-        """This rank is free and the plan may have other work for it: with enough such ranks, every rank
+        """This rank is free and the placement may have other work for it: with enough such ranks, every rank
         stops."""
         self.store.add(self.key, self.empty + (0 if self.arrived else 1))
         self.arrived = True
@@ -183,20 +193,20 @@ class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, prompts: list[dict], *, step: int, args, round_steps: int = 1, early_train: bool = False,
-                 train_speed: TrainSpeed | None = None, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
-                 filter_groups: int | None = None, version: int = 0, ahead: list[dict] | None = None,
-                 carried: "StepQueues | None" = None):
+    def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1,
+                 early_train: bool = False, train_speed: TrainSpeed | None = None,
+                 train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
+                 version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
         `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
         this step's own work begun so, during the step before (`carry`)."""
-        self.args, self.prompts, self.step, self.group_size = args, prompts, step, args.group_size
+        self.sampling, self.prompts, self.step, self.group_size = sampling, prompts, step, sampling.group_size
         requests = RolloutEngine.requests(
-            prompts, group_size=args.group_size, step=step, seed=args.seed, temperature=args.temperature,
-            max_tokens=args.max_response_tokens,
-            lengths=longtail.lengths(args.workload, args.seed, longtail.RESPONSE, args.max_response_tokens))
+            prompts, group_size=sampling.group_size, step=step, seed=sampling.seed, temperature=sampling.temperature,
+            max_tokens=sampling.max_response_tokens, lengths=longtail.lengths(
+                sampling.workload, sampling.seed, longtail.RESPONSE, sampling.max_response_tokens))
         admitted = len(prompts) if filter_groups is None else min(filter_groups, len(prompts))
         self.queue = {Role.ROLLOUT: deque(requests[:admitted * self.group_size]), Role.JUDGE: deque()}
         self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
@@ -217,7 +227,7 @@ class StepQueues:
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
-        self.plan_s = 0.0  # rank 0's seconds in the plan function, which every rank waits for
+        self.next_roles_s = 0.0  # rank 0's seconds in next_roles (the metrics' plan_s), which every rank waits for
         self.shifts: list[dict] = []  # made while rolling out and judging, round by round in rank order
         self.shift_s = 0.0  # their seconds: the longest of each round, summed
         # Early training: the judged groups the train ranks have trained on (prompt indices), what they
@@ -268,7 +278,8 @@ class StepQueues:
         """The update goes out at this round's start: the version published, and the next step's prompts
         (their requests behind this step's) join the queue."""
         self.published = True
-        self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, args=self.args, version=self.version + 1)
+        self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, sampling=self.sampling,
+                                version=self.version + 1)
         self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
         self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
         return self.version + 1
@@ -433,10 +444,10 @@ class StepQueues:
         rows = {role: [[busy, batch, n, round(s, 6), tokens] for (busy, batch, _), (n, s, tokens)
                        in sorted(table.items())] for role, table in self.engine_steps.items()}
         return {"engine_steps": rows, "rounds": self.rounds, "rounds_work_s": self.rounds_work_s,
-                "plan_s": self.plan_s, "rollout_judge_shift_s": self.shift_s}
+                "plan_s": self.next_roles_s, "rollout_judge_shift_s": self.shift_s}
 
 
-def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> tuple[list[str], Rounds]:
+def colocated_roles(roles: list[str], queues: StepQueues, rng: random.Random) -> tuple[list[str], Rounds]:
     """Every rank rolls out, then every rank judges, once no rollout is left anywhere. With nothing
     queued, nothing can change before every engine has run empty: ranks report once, then; with work
     queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
@@ -446,7 +457,7 @@ def colocated_plan(roles: list[str], queues: StepQueues, rng: random.Random) -> 
     return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
 
-def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> tuple[list[str], Rounds]:
+def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> tuple[list[str], Rounds]:
     """--force-shifts: with probability `rate` a random rank moves to a random other role; then any
     role left with queued work and no rank takes one, so the step always finishes. Ranks report after
     every engine step, so the schedule depends on the seed alone."""
@@ -462,14 +473,14 @@ def forced_plan(roles: list[str], queues: StepQueues, rng: random.Random, rate: 
     return roles, Rounds(engine_steps=1)
 
 
-def generate(d, context, queues: StepQueues | None, plan, *, prompts: list[dict], rollout: RolloutEngine,
+def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list[dict], rollout: RolloutEngine,
              judge: Judge, capacity: int, seed: int, step: int, timeline,
              ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
-    shift; `plan(roles, queues, rng)` gives the roles and the next round's length; `prompts` are the
-    step's (`ahead`, the next step's, which it may begin: StepQueues.publish) and `rollout`,
-    `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
+    shift; `next_roles(roles, queues, rng)` (Placement's) gives the roles and the next round's length;
+    `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish) and
+    `rollout`, `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
     training work. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
@@ -481,7 +492,7 @@ def generate(d, context, queues: StepQueues | None, plan, *, prompts: list[dict]
     ending = RoundEnd(d.store, d.world_size, step)
     while True:
         begin = time.perf_counter()
-        orders = _exchange(d, report, queues, plan, list(context.roles), rng, capacity, begin - since)
+        orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since)
         if d.rank == 0:
             ending.forget()
             queues.exchange_s = time.perf_counter() - begin
@@ -580,7 +591,7 @@ def _work(engine, orders: Orders, role: str, rank: int, timeline,
         prefill = 0
     if limit.seconds is not None:
         if limit.early and engine_steps and not engine.in_flight():
-            ending.end_now()  # this rank is free: the plan may have other work for it
+            ending.end_now()  # this rank is free: the placement may have other work for it
         else:
             ending.arrive()
     return finished, engine_steps
@@ -610,20 +621,21 @@ def _extra_seconds(resumed_steps: list[float], plain_steps: list[float]) -> floa
     return sum(max(0.0, t - typical) for t in resumed_steps)
 
 
-def _exchange(d, report: Report, queues: StepQueues | None, plan, roles: list[str], rng, capacity,
+def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: list[str], rng, capacity,
               round_s: float) -> Orders:
     """All ranks' reports to rank 0; its orders back to each rank."""
     reports = [None] * d.world_size if d.rank == 0 else None
     dist.gather_object(report, reports, dst=0, group=d.control)
     orders = [None] * d.world_size
     if d.rank == 0:
-        orders = _decide(reports, queues, plan, roles, rng, capacity, round_s)
+        orders = _decide(reports, queues, next_roles, roles, rng, capacity, round_s)
     mine = [None]
     dist.scatter_object_list(mine, orders if d.rank == 0 else None, src=0, group=d.control)
     return mine[0]
 
 
-def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, round_s: float) -> list[Orders]:
+def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capacity,
+            round_s: float) -> list[Orders]:
     error = next((r.error for r in reports if r.error), None)  # a critique under --on-parse-failure stop
     try:
         queues.ingest(reports, round_s)
@@ -633,11 +645,11 @@ def _decide(reports, queues: StepQueues, plan, roles: list[str], rng, capacity, 
         return [Orders(roles, error=f"step {queues.step}: {error}") for _ in roles]
     if queues.done():
         return [Orders(roles, done=True, carry=queues.ahead is not None) for _ in roles]
-    # The update made, its weights go out now, and the next step's prompts join the queue before the plan.
+    # The update made, its weights go out now, and the next step's prompts join the queue before the roles are decided.
     publish = queues.publish() if queues.publish_due() else None
     start = time.perf_counter()
-    new, rounds = plan(roles, queues, rng)
-    queues.plan_s += time.perf_counter() - start
+    new, rounds = next_roles(roles, queues, rng)
+    queues.next_roles_s += time.perf_counter() - start
     # A rank that changes role exports its in-flight requests before it takes new work: the engine of its
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]

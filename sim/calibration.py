@@ -138,8 +138,8 @@ class CostModel:
     """What the event engine asks of a cost model. Subclasses give engine_step_seconds(role, batch, context),
     shift_seconds(src, dst, train_slots, grads), publish_seconds(train_slots), train_per_s(train_slots),
     exchange_seconds(placement, slots) (what a round costs beyond its engines' steps and its shifts: every
-    rank's report to rank 0, rank 0's plan, its orders back), token_seconds(role) (the least slot-seconds
-    an engine step costs per sequence it decodes and per token of context it holds, whatever its batch,
+    rank's report to rank 0, rank 0's choice of roles, its orders back), token_seconds(role) (the least
+    slot-seconds an engine step costs per sequence it decodes and per token of context it holds, whatever its batch,
     within its room: what the work bound charges) and these figures:"""
     slot_gpus: int
     min_train_slots: int
@@ -359,8 +359,8 @@ class CpuModel(CostModel):
 
     def exchange_seconds(self, placement: str, slots: int) -> float:
         """Measured per round of the placement (at the bench's ranks): the exchange (a round's seconds
-        beyond its busiest rank's work, its plan and its shifts) and rank 0's plan, which every rank
-        waits for."""
+        beyond its busiest rank's work, rank 0's choice of roles and the shifts) and that choice (plan_s),
+        which every rank waits for."""
         exchange, plan = self.measured["exchange_per_round_s"], self.measured["plan_per_round_s"]
         if placement not in exchange or placement not in plan:
             raise CalibrationError(f"no round measured for {placement} (measured: {', '.join(plan)}); "

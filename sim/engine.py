@@ -386,7 +386,8 @@ class Simulation:
         return self.update is not None and self.update.train_done > 0
 
     def _orders(self) -> tuple[list[str], Round]:
-        """Rank 0's plan: every slot's role from now on, and how long the round lasts."""
+        """Rank 0's orders (the loop's Placement.next_roles): every slot's role from now on, and how long the
+        round lasts."""
         roles, step = [s.role for s in self.slots], self.step
         exchange = self.model.exchange_seconds(self.placement, len(self.slots))
         longest = max((seconds for seconds, _ in step.engine_steps_seen), default=0.0)
@@ -394,7 +395,7 @@ class Simulation:
         median = step.median_engine_step_s(rules.first_engine_step_s)
         timed = Round(book.round_seconds(rules.round_steps, median, longest, exchange,
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
-        if self.placement == "colocated":  # shifting/scheduler.py colocated_plan
+        if self.placement == "colocated":  # shifting/scheduler.py colocated_roles
             rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
             role = Role.ROLLOUT if rolling else Role.JUDGE
             return [role] * len(roles), timed if step.queue[role] else Round(None, early=False)
@@ -513,7 +514,8 @@ class Simulation:
         return trained or any(s.stepped for s in self.slots)
 
     def _exchange(self) -> None:
-        """Every slot reports to rank 0 and waits for its orders: the round's exchange and rank 0's plan."""
+        """Every slot reports to rank 0 and waits for its orders: the round's exchange and rank 0's choice of
+        roles."""
         end = self.now + self.model.exchange_seconds(self.placement, len(self.slots))
         self._account(end, state="exchange")
         self.now = end

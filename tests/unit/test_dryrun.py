@@ -24,12 +24,18 @@ def config_only(tmp_path_factory):
     return root
 
 
+def dry_run(argv) -> dict:
+    """dryrun.sizing for these flags, with the placement's options as pivot_train.py checks them."""
+    args = pivot_train.parse_args([str(a) for a in argv])
+    return dryrun.sizing(args, pivot_train.check_placement(args, args.world_size))
+
+
 def args_for(root, *extra):
     return ["--dry-run", "--policy", root / "moe", "--judge-model", root / "judge", "--data", root / "data.jsonl",
             "--eval-split", "0.1", "--kv-cache-mb", "16384", "--max-model-len", "4096", *map(str, extra)]
 
 
-def test_plans_128_ranks_from_configs_alone(config_only, capsys):
+def test_sizes_128_ranks_from_configs_alone(config_only, capsys):
     assert not list(config_only.glob("*/*.safetensors"))  # nothing to load: it must not try
     small_steps = ("--micro-batch", 4, "--activation-checkpointing")  # so that the rollout role is the largest
     pivot_train.main([str(a) for a in args_for(config_only, "--world-size", 128, *small_steps)])
@@ -41,18 +47,18 @@ def test_plans_128_ranks_from_configs_alone(config_only, capsys):
         assert line in printed
 
     argv = [str(a) for a in args_for(config_only, "--world-size", 128, *small_steps)]
-    plan = dryrun.plan(pivot_train.parse_args(argv))
-    params = plan["policy"]["params"]
+    sizing = dry_run(argv)
+    params = sizing["policy"]["params"]
     assert 30e9 < params < 31e9
-    assert plan["device_bytes"]["rollout"]["weights"] == 2 * params  # bf16
-    assert plan["device_bytes"]["rollout"]["kv_cache"] == 16384 << 20
-    train = plan["device_bytes"]["train"]
+    assert sizing["device_bytes"]["rollout"]["weights"] == 2 * params  # bf16
+    assert sizing["device_bytes"]["rollout"]["kv_cache"] == 16384 << 20
+    train = sizing["device_bytes"]["train"]
     # rank 0's FSDP2 rows: a 128th of every parameter, rounded up per tensor
     assert 4 * params / 128 <= train["master_fp32"] < 4 * params / 128 * 1.05
     assert train["grads_fp32"] == train["master_fp32"] and train["adamw_moments_fp32"] == 2 * train["master_fp32"]
-    assert plan["device_peak_bytes"] == sum(plan["device_bytes"]["rollout"].values())
+    assert sizing["device_peak_bytes"] == sum(sizing["device_bytes"]["rollout"].values())
     # fewer train ranks, bigger shards
-    small = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(config_only, "--world-size", 16)]))
+    small = dry_run(args_for(config_only, "--world-size", 16))
     assert small["device_bytes"]["train"]["master_fp32"] > 7 * train["master_fp32"]
 
 
@@ -89,7 +95,7 @@ def test_rubric_judge_needs_rubric_in_template_and_data(config_only):
 
 
 def built_in(world: int, *flags) -> dict:
-    return dryrun.plan(pivot_train.parse_args(["--dry-run", "--world-size", str(world), *map(str, flags)]))
+    return dry_run(["--dry-run", "--world-size", world, *flags])
 
 
 def test_the_train_group_is_the_placement_s():
@@ -111,9 +117,9 @@ def test_the_train_group_is_the_placement_s():
 
 def test_a_split_s_train_group_holds_its_share(config_only):
     """128 ranks of which 8 train: each holds a 16th of the training state, not a 128th."""
-    split = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(
-        config_only, "--world-size", 128, "--placement", "disaggregated", "--split", "rollout=96,judge=24,train=8")]))
-    everyone = dryrun.plan(pivot_train.parse_args([str(a) for a in args_for(config_only, "--world-size", 128)]))
+    split = dry_run(args_for(config_only, "--world-size", 128, "--placement", "disaggregated",
+                             "--split", "rollout=96,judge=24,train=8"))
+    everyone = dry_run(args_for(config_only, "--world-size", 128))
     ratio = split["device_bytes"]["train"]["master_fp32"] / everyone["device_bytes"]["train"]["master_fp32"]
     assert 15 < ratio <= 16
 

@@ -3,17 +3,16 @@ the step admits the next prompts of the data stream while it runs until it has -
 informative groups or has drawn --filter-groups-max-prompts. These tests drive rank 0's StepQueues by
 hand, in many orders of completion; the runs are in tests/e2e/test_filter_groups_runs.py."""
 import random
-from types import SimpleNamespace
 
 import pytest
 
 from roles.engine import Request
 from roles.judge import Verdict
 from roles.rollout import Sample, sample_seed
-from shifting.scheduler import Report, StepQueues, colocated_plan
+from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 
 G = 2
-ARGS = SimpleNamespace(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
+SAMPLING = SamplingOptions(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
 # Each candidate prompt's rewards, by hand: informative when they differ.
 REWARDS = [[1, 1], [0, 1], [0, 0], [1, 1], [1, 0], [0, 1]]
 PROMPTS = [{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p], "reference": None, "rubric": None} for p in range(6)]
@@ -47,7 +46,7 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
 def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_any_order(seed):
     """Wanting 2 informative groups of REWARDS: prompts 0 to 4 (1 and 4 informative; 0, 2, 3 left out,
     each admitting the next prompt in stream order), never prompt 5, whatever order requests finish in."""
-    queues = StepQueues(PROMPTS, step=3, args=ARGS, filter_groups=2)
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, filter_groups=2)
     assert [r.key for r in queues.queue["rollout"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     seen = run_step(queues, REWARDS, random.Random(seed))
     # each replacement's G requests come together, in stream order, each with its own place's seed
@@ -62,20 +61,20 @@ def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_an
 
 def test_at_the_cap_the_step_keeps_the_informative_groups_it_has():
     """Three prompts at most, one of them informative: all three drawn, two left out, one to train."""
-    queues = StepQueues(PROMPTS[:3], step=0, args=ARGS, filter_groups=2)
+    queues = StepQueues(PROMPTS[:3], step=0, sampling=SAMPLING, filter_groups=2)
     run_step(queues, REWARDS, random.Random(0))
     assert sorted(queues.dropped) == [0, 2] and queues.ready_groups() == [1] and queues.expected == 3 * G
     assert not queues.held
 
 
 def test_without_the_filter_every_prompt_is_queued_and_none_left_out():
-    queues = StepQueues(PROMPTS, step=0, args=ARGS)
+    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING)
     run_step(queues, REWARDS, random.Random(1))
     assert queues.dropped == [] and queues.ready_groups() == list(range(6))
 
 
 def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
-    queues = StepQueues(PROMPTS, step=0, args=ARGS, filter_groups=2)
+    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, filter_groups=2)
     for request in list(queues.queue["rollout"]):
         sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop")
         queues.ingest([Report("rollout", responses=[(sample, Request("judge", request.key, [6], 8, 0.0))])], 0.0)
@@ -84,6 +83,6 @@ def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
     queues.ingest([Report("judge", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0, step=r.step) for r in judge])], 0.0)
     assert queues.dropped == [0] and [r.key for r in queues.queue["rollout"]] == [(2, 0), (2, 1)]
     rng = random.Random(0)
-    assert colocated_plan(["judge"] * 2, queues, rng)[0] == ["judge"] * 2  # prompt 1 still to judge
+    assert colocated_roles(["judge"] * 2, queues, rng)[0] == ["judge"] * 2  # prompt 1 still to judge
     queues.queue["judge"].clear()
-    assert colocated_plan(["judge"] * 2, queues, rng)[0] == ["rollout"] * 2
+    assert colocated_roles(["judge"] * 2, queues, rng)[0] == ["rollout"] * 2

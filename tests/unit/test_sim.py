@@ -149,7 +149,7 @@ def test_slots_sharing_cores_slow_each_other_down():
 
 
 def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange():
-    """As shifting/scheduler.py colocated_plan orders them: with prompts queued the first rollout round is
+    """As shifting/scheduler.py colocated_roles orders them: with prompts queued the first rollout round is
     timed (25 x the first-step guess of 2 ms: one engine step each), then one round until every engine has
     run empty; the judge's round is timed at 25 x the median step seen (1 s), which outlasts its critiques."""
     r = two_slots(StepModel(exchange_s=0.5))

@@ -4,11 +4,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import pieces, plan_layout, shard_rows
+from storage import layout, pieces, shard_rows
 
 
 def test_layout_is_aligned_and_disjoint():
-    regions, total = plan_layout([("a", (3,), torch.float32), ("b", (5, 2), torch.bfloat16), ("c", (1,), torch.int64)])
+    regions, total = layout([("a", (3,), torch.float32), ("b", (5, 2), torch.bfloat16), ("c", (1,), torch.int64)])
     assert [s.offset % 64 for s in regions] == [0, 0, 0]
     ends = [s.offset + s.nbytes for s in regions]
     assert all(end <= nxt.offset for end, nxt in zip(ends, regions[1:]))

@@ -5,7 +5,6 @@ import json
 import random
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from transformers import AutoTokenizer
@@ -15,7 +14,7 @@ from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer, grpo_advantages
 from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
-from shifting.scheduler import StepQueues, colocated_plan, forced_plan, generate
+from shifting.scheduler import SamplingOptions, StepQueues, colocated_roles, forced_roles, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import encode_prompt
 from timeline import Timeline
@@ -38,12 +37,12 @@ context = RoleContext(d, ["rollout"] * d.world_size, policy=policy_storage,
                       make_trainer=lambda group: PolicyTrainer(state, group, d.device, **hyper), observer=timeline)
 prompts = [("347+85=", "432"), ("9999+1=", "10000"), ("5+5=", "10"), ("1234+4321=", "5555"), ("70+8=", "78")]
 step_prompts = [{"prompt": p, "prompt_ids": tok(p).input_ids, "reference": r} for p, r in prompts]
-args = SimpleNamespace(group_size=3, seed=0, temperature=1.0, max_response_tokens=48, workload="task")
+sampling = SamplingOptions(group_size=3, seed=0, temperature=1.0, max_response_tokens=48, workload="task")
 
 
-def run(plan, capacity, seed):
-    queues = StepQueues(step_prompts, step=0, args=args) if d.rank == 0 else None
-    samples, _, shifts, _ = generate(d, context, queues, plan, prompts=step_prompts, rollout=rollout, judge=judge,
+def run(next_roles, capacity, seed):
+    queues = StepQueues(step_prompts, step=0, sampling=sampling) if d.rank == 0 else None
+    samples, _, shifts, _ = generate(d, context, queues, next_roles, prompts=step_prompts, rollout=rollout, judge=judge,
                                   capacity=capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
@@ -53,20 +52,20 @@ def run(plan, capacity, seed):
 
 def update(samples):
     trainer = PolicyTrainer(TrainState(d, policy, keep_reference=False), d.tensors, d.device, **hyper)
-    rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
+    rewards = torch.tensor([s.reward for s in samples]).view(-1, sampling.group_size)
     for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
         s.advantage = a
     trainer.train_step([samples])
     return dict(trainer.full_weights())
 
 
-still, _, still_runs, _ = run(colocated_plan, 64, 0)
+still, _, still_runs, _ = run(colocated_roles, 64, 0)
 results = {"reference_judge_runs": still_runs, "rewards": [s.reward for s in still], "trials": []}
 moved_samples = None
 for trial in range(trials):
     schedule = random.Random(trial)
     rate, capacity = schedule.choice([0.05, 0.2, 0.5]), schedule.choice([2, 5, 64])
-    samples, shifts, runs, migrated = run(lambda roles, q, rng, rate=rate: forced_plan(roles, q, rng, rate),
+    samples, shifts, runs, migrated = run(lambda roles, q, rng, rate=rate: forced_roles(roles, q, rng, rate),
                                           capacity, 1000 + trial)
     results["trials"].append({
         "rate": rate, "capacity": capacity, "keys": [list(s.key) for s in samples], "judge_runs": runs,
