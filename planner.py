@@ -22,7 +22,10 @@ move (hysteresis against thrash; verl's separate_async switch likewise moves its
 2 consecutive idle or calm steps, verl docs/advance/v1_async_trainer.md). Two rules come first, cost or
 not: a role with work it can do now and no rank gets one; while responses wait for the judge and no prompt
 waits for rollout, rollout ranks with nothing running join the judge (all of them once rollout has
-ended, before that as many as the waiting responses fill).
+ended, before that as many as the waiting responses fill). At --max-staleness K > 0 the update's groups
+are an earlier step's, judged before the step starts, so training them is such work: the train role
+holds a rank from the step's start until they are trained, and the update made then is published during
+the step, which lets the next step's rollout fill this one's tails (shifting/book.py publish_due).
 """
 import math
 from dataclasses import dataclass, replace
@@ -100,8 +103,9 @@ def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, s
     shift from a to b. Every role with work it can do now keeps or gets a rank, cost or not."""
     ranks, moves = list(ranks), []
     for role in _starved(ranks, work):
-        moves.append(_give_rank(ranks, work, role))
-        ranks[moves[-1].rank] = replace(ranks[moves[-1].rank], role=role, since_shift_s=0.0)
+        for move in _give_ranks(ranks, work, role, config.min_train_ranks if role == Role.TRAIN else 1):
+            moves.append(move)
+            ranks[move.rank] = replace(ranks[move.rank], role=role, since_shift_s=0.0)
     waiting = _judge_waiting(work)
     if not work.rollout_prefill and waiting:
         # A rollout rank with nothing running, while no prompt waits for rollout, gives nothing up by
@@ -208,25 +212,40 @@ def _judge_waiting(work: Work) -> int:
 
 
 def _has_work(role: str, work: Work) -> bool:
-    """Work the role can do now (judge work to come does not count: rollout ranks take it later)."""
-    return {Role.ROLLOUT: work.rollout_seqs > 0, Role.JUDGE: work.judge_seqs > 0, Role.TRAIN: False}[role]
+    """Work the role can do now (judge work to come does not count: rollout ranks take it later). The
+    train role has some only where the update's groups are an earlier step's (`update_early`): the
+    sooner its ranks are through them, the sooner the update is published and the next step begins
+    (book.publish_due), a gain beyond this step that finish_seconds does not count."""
+    return {Role.ROLLOUT: work.rollout_seqs > 0, Role.JUDGE: work.judge_seqs > 0,
+            Role.TRAIN: work.update_early and work.train_ready > 0}[role]
 
 
 def _starved(ranks: list[Rank], work: Work) -> list[str]:
+    """Roles with work now and no rank, in the order they get one: the judge last, since its responses
+    can wait for the rollout ranks, which join it as rollout ends."""
     held = {r.role for r in ranks}
-    return [role for role in ROLES if _has_work(role, work) and role not in held]
+    return [role for role in (Role.ROLLOUT, Role.TRAIN, Role.JUDGE) if _has_work(role, work) and role not in held]
 
 
-def _give_rank(ranks: list[Rank], work: Work, role: str) -> Move:
-    """A rank for a role that has none: from a role with nothing to do now if there is one, else from the
-    role with the most ranks; the rank with the fewest tokens in flight, then the lowest index."""
+def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int) -> list[Move]:
+    """`n` ranks for a role that has none: from a role with nothing to do now if there is one, else from
+    the role with the most ranks (keeping one); the ranks with the fewest tokens in flight, then the
+    lowest indices. Where every role holding ranks has work and none can spare one, the judge and train
+    get none: the judge's responses wait for the rollout ranks, which join it as rollout ends, and the
+    update's groups for every rank to train them at the step's end; rollout gets one from train."""
     counts = _counts(ranks)
-    donors = [r for r in ROLES if counts[r] and not _has_work(r, work)] or \
-             [max((r for r in ROLES if counts[r] > 1), key=lambda r: counts[r], default=None)]
-    if donors == [None]:
-        raise ValueError(f"{len(ranks)} rank(s) cannot serve every role with work at once")
-    rank = min((i for i, r in enumerate(ranks) if r.role in donors), key=lambda i: (ranks[i].in_flight_tokens, i))
-    return Move(rank, ranks[rank].role, role)
+    by_load = lambda roles: sorted((i for i, r in enumerate(ranks) if r.role in roles),  # noqa: E731
+                                   key=lambda i: (ranks[i].in_flight_tokens, i))
+    idle = [r for r in ROLES if counts[r] and not _has_work(r, work)]
+    most = max((r for r in ROLES if counts[r] > 1), key=lambda r: counts[r], default=None)
+    free = by_load(idle) if idle else by_load([most])[:counts[most] - 1] if most else []
+    if len(free) < n:
+        if role != Role.ROLLOUT:
+            return []
+        if not counts[Role.TRAIN]:
+            raise ValueError(f"{len(ranks)} rank(s) cannot serve every role with work at once")
+        free = by_load([Role.TRAIN])
+    return [Move(i, ranks[i].role, role) for i in free[:n]]
 
 
 def _best_move(ranks, work, speeds, costs, config) -> tuple[list[int], str] | None:
@@ -395,12 +414,13 @@ def parse_split(text: str, world_size: int) -> list[str]:
 
 
 class LoopPlanner:
-    """The training loop's plan function, plan(roles, queues, rng) -> roles, over `plan`. It keeps what
-    the planner needs across rounds: a fit of each engine's step time, measured by the ranks, each
-    rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them (no clock here),
-    the training speed (`train`), which the loop's measurements of it update, and how much slower the
-    engines step while a rank trains beside them (`beside_train`, Speeds': the decode steps of each round
-    in which a rank trained against the fit of the others, halfway from where it stood each such round).
+    """A pivot run's roles each round, (roles, queues, rng) -> roles (Placement.next_roles calls it), over
+    `plan`. It keeps what the planner needs across rounds: a fit of each engine's step time, measured by
+    the ranks, each rank's seconds since its last shift, counted in the rounds' seconds as rank 0 saw them
+    (no clock here), the training speed (`train`), which the loop's measurements of it update, and how
+    much slower the engines step while a rank trains beside them (`beside_train`, Speeds': the decode
+    steps of each round in which a rank trained against the fit of the others, halfway from where it
+    stood each such round).
     `speeds` are the priors.
 
     It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:

@@ -181,11 +181,10 @@ def test_an_earlier_steps_update_made_by_the_train_ranks_costs_the_step_nothing_
 
 def test_an_empty_judge_rank_in_the_judges_tail_adds_nothing_to_the_judge():
     # Rollout is over and no response waits: one rank writes the last 64 critiques, its neighbour has run
-    # empty. Moving the empty one cannot slow the judge, so with an earlier step's update ready it trains;
-    # counted as a judge rank it would seem to halve the judge's speed (30 s left instead of 20), and it
-    # stayed idle. When the critiques left are short and regrouping at the update dear, it stays.
-    work = Work(judge_seqs=64, judge_tokens=64 * 400, judge_longest=400, train_ready=1e4, train_tokens=1e4,
-                update_early=True)
+    # empty. Moving the empty one cannot slow the judge, so with judged groups ready it trains; counted as
+    # a judge rank it would seem to halve the judge's speed (30 s left instead of 20), and it stayed idle.
+    # When the critiques left are short and regrouping at the update dear, it stays.
+    work = Work(judge_seqs=64, judge_tokens=64 * 400, judge_longest=400, train_ready=1e4, train_tokens=1e4)
     config = PlannerConfig(early_train=True)
     held = [Rank("judge", 64 * 900), Rank("judge", 0)]
     assert plan(held, work, SPEEDS, costs(0.1), config) == [Move(1, "judge", "train")]
@@ -193,6 +192,35 @@ def test_an_empty_judge_rank_in_the_judges_tail_adds_nothing_to_the_judge():
         finish_seconds(work, {"judge": 1, "train": 1}, SPEEDS, costs(0.1), True)
     short = replace(work, judge_tokens=64 * 5, judge_longest=8)
     assert plan(held, short, SPEEDS, {**costs(0.1), ("train", "train"): 1.0}, config) == []
+
+
+def test_an_earlier_steps_update_holds_a_train_rank_until_it_is_trained():
+    # --max-staleness K > 0: the update's groups are an earlier step's, all judged as the step starts.
+    # Training them is work the train role can do now: the sooner it is made, the sooner it is published
+    # and the next step begins. So train gets a rank as the step starts, from rollout's two (the one with
+    # the fewest tokens in flight), keeps it while groups are left, even when the judge has responses
+    # and no rank (they wait for the rollout rank, which joins the judge as rollout ends), and gives it
+    # to rollout only where no other rank can roll out. At K = 0 nothing of this applies.
+    config = PlannerConfig(early_train=True)
+    start = Work(rollout_seqs=128, rollout_tokens=128 * 50, rollout_longest=96, rollout_prefill=128 * 20,
+                 train_ready=4e3, train_tokens=4e3, update_early=True)
+    assert plan([Rank("rollout", 10), Rank("rollout", 0)], start, SPEEDS, costs(0.1), config) == \
+        [Move(1, "rollout", "train")]
+    assert plan([Rank("rollout", 10), Rank("rollout", 0)], replace(start, update_early=False), SPEEDS,
+                costs(0.1), config) == []
+    streaming = replace(start, judge_seqs=8, judge_tokens=8 * 30, judge_longest=30, judge_prefill=8 * 60)
+    assert plan([Rank("rollout", 900), Rank("train")], streaming, SPEEDS, costs(0.1), config) == []
+    assert plan([Rank("judge", 900), Rank("train")], streaming, SPEEDS, costs(0.1), config) == \
+        [Move(1, "train", "rollout")]
+    trained = replace(streaming, train_ready=0.0, train_tokens=0.0)
+    assert Move(1, "train", "judge") in plan([Rank("rollout", 900), Rank("train")], trained, SPEEDS, costs(0.1),
+                                             config)
+    # A train group of two: train gets two ranks, or none
+    two = PlannerConfig(early_train=True, min_train_ranks=2)
+    assert plan([Rank("rollout", 10), Rank("rollout", 0), Rank("rollout", 5)], start, SPEEDS, costs(0.1), two) == \
+        [Move(1, "rollout", "train"), Move(2, "rollout", "train")]
+    assert plan([Rank("rollout", 10), Rank("judge", 0)], replace(streaming, judge_seqs=0), SPEEDS, costs(0.1),
+                two) == []
 
 
 def test_train_ranks_are_credited_only_with_judged_groups():
