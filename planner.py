@@ -234,8 +234,10 @@ def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int) -> list[Move]:
     get none: the judge's responses wait for the rollout ranks, which join it as rollout ends, and the
     update's groups for every rank to train them at the step's end; rollout gets one from train."""
     counts = _counts(ranks)
-    by_load = lambda roles: sorted((i for i, r in enumerate(ranks) if r.role in roles),  # noqa: E731
-                                   key=lambda i: (ranks[i].in_flight_tokens, i))
+
+    def by_load(roles) -> list[int]:
+        return sorted((i for i, r in enumerate(ranks) if r.role in roles), key=lambda i: (ranks[i].in_flight_tokens, i))
+
     idle = [r for r in ROLES if counts[r] and not _has_work(r, work)]
     most = max((r for r in ROLES if counts[r] > 1), key=lambda r: counts[r], default=None)
     free = by_load(idle) if idle else by_load([most])[:counts[most] - 1] if most else []
