@@ -78,7 +78,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     def run(placement: str, staleness: int, fixed: dict | None = None):
         sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=fixed,
                          rules=rules, max_staleness=staleness)
-        return sim.run(args.steps, skip=largest - staleness)
+        return sim.run(args.steps, skip=largest - staleness + 1)  # the first timed step begun by the one before
 
     out, searched = {}, None
     for placement, staleness in placements:

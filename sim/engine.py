@@ -263,8 +263,12 @@ class Simulation:
         each timed from the start of the rollout beside it to its new weights loaded everywhere. At K > 0
         the run first rolls out and judges the pipeline's K fill steps and ends with the K updates that
         roll nothing out; neither is timed, so each timed update trains one step while another rolls
-        out. Runs at several K skip so that their timed updates roll out the same steps (at K = 0 and
-        K = 2, skip 2 and 0: steps 2 and 3 for two timed updates)."""
+        out. The run goes on past its last timed step as a longer one would: that step begins the next
+        (book.ahead_step), which the first of the K last updates rolls out to its end, untimed. So at K > 0
+        a timed step after the first update begins with the work the step before began, and begins the
+        next, as every step in the middle of a long run does. Runs at several K skip so that their timed
+        updates roll out the same steps (at K = 0 and K = 2, skip 3 and 1: steps 3 and 4 for two timed
+        updates)."""
         k, last = self.max_staleness, skip + steps + self.max_staleness
         step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
         pending, trained, result = deque(), [], None
@@ -285,7 +289,7 @@ class Simulation:
             assert rolled is None or rolled.index == beside
             # At K > 0 an update made during the rollout is published then, and the next step begins (no
             # checkpoint is simulated).
-            self.ahead_index = book.ahead_step(beside, k, last, checkpoint=False)
+            self.ahead_index = book.ahead_step(beside, k, last + 1, checkpoint=False)
             update_step = pending.popleft() if k else rolled
             timed, start = skip <= update < skip + steps, self.now
             if timed:

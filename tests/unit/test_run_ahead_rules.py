@@ -139,8 +139,11 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
     sim.run(steps)
     calls = list(asked)
     assert {who for who, _, _, _ in calls} == {"sim.engine"}
-    assert {args[0]: answer for _, rule, args, answer in calls if rule == "ahead_step"} == \
-        loop_ahead(max_staleness, steps + max_staleness)  # the run's updates: the loop's --steps
+    # The simulator's updates are a window of a run one step longer (Simulation.run): the loop's --steps
+    asked_ahead = {args[0]: answer for _, rule, args, answer in calls if rule == "ahead_step"}
+    loop = loop_ahead(max_staleness, steps + max_staleness + 1)
+    assert asked_ahead == {step: loop[step] for step in asked_ahead}
+    assert asked_ahead[steps + max_staleness - 1] == steps + max_staleness  # the last timed step begins the next
     assert extended and extended == published(calls)
 
 
