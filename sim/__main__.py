@@ -78,7 +78,9 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     def run(placement: str, staleness: int, fixed: dict | None = None):
         sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=fixed,
                          rules=rules, max_staleness=staleness)
-        return sim.run(args.steps, skip=largest - staleness + 1)  # the first timed step begun by the one before
+        # At K > 0 every run skips one more update, so that the first timed step begins with what the
+        # step before began (Simulation.run); K = 0 alone begins nothing ahead
+        return sim.run(args.steps, skip=largest - staleness + (1 if largest else 0))
 
     out, searched = {}, None
     for placement, staleness in placements:
