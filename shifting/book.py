@@ -1,10 +1,14 @@
 """Rules of the scheduling book that the training loop (shifting/scheduler.py, pivot_train.py) and the
-simulator (sim/engine.py) both follow: how long a round lasts and when it ends early, how a role's queue
-is shared among its engines, and at --max-staleness K > 0 when the update is made and published during
-the step and which step begins ahead of it (the partial rollout). Pure: no torch, no engines, no clocks,
+simulator (sim/engine.py) both follow: how long a round lasts (from the step's recent engine steps) and
+when it ends early, how a role's queue is shared among its engines, where exported work goes back in
+it, colocated's role, and at --max-staleness K > 0 when the update is made and published during the step
+and which step begins ahead of it (the partial rollout). Pure: no torch, no engines, no clocks,
 so the simulator imports it as it is."""
 import heapq
 import math
+from collections import deque
+
+from roles import Role
 
 ROUND_STEPS = 25  # --round-steps: a timed round lasts this many engine steps' worth of time, at the median step
 FIRST_ENGINE_STEP_S = 0.002  # the engine step's seconds assumed before the RL step has measured one
@@ -17,6 +21,36 @@ ROUND_OVER_LONGEST = 10
 # every rank for an exchange, so among many ranks it waits for enough freed ones to be worth that.
 EMPTY_SHARE = 1 / 8
 POLL_S = 0.01  # how often a rank past its round's time looks whether the round has ended
+
+
+class RecentSteps:
+    """A step's last RECENT_ENGINE_STEPS engine steps, every rank's, as runs of equal ones (seconds,
+    count): the loop adds each step it hears of, the simulator a run of steps at one speed. A round's
+    length is taken from their median and the longest (`round_seconds`)."""
+
+    def __init__(self, keep: int = RECENT_ENGINE_STEPS):
+        self.keep, self.runs, self.count = keep, deque(), 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.runs.append([seconds, count])
+        self.count += count
+        while self.count - self.runs[0][1] >= self.keep:  # whole runs beyond the last `keep` steps go
+            self.count -= self.runs.popleft()[1]
+        if self.count > self.keep:  # and the oldest run keeps what of it is among them
+            self.runs[0][1] -= self.count - self.keep
+            self.count = self.keep
+
+    def median(self) -> float | None:
+        """The lower median of the steps kept; None before any."""
+        seen = 0
+        for seconds, count in sorted(self.runs):
+            seen += count
+            if 2 * seen >= self.count:
+                return seconds
+        return None
+
+    def longest(self) -> float:
+        return max((seconds for seconds, _ in self.runs), default=0.0)
 
 
 def round_seconds(round_steps: int, median_engine_step_s: float | None, longest_engine_step_s: float,
@@ -75,3 +109,17 @@ def ahead_step(step: int, max_staleness: int, steps: int, checkpoint: bool) -> i
     --max-staleness K > 0 the next one, unless the run's `steps` leave none to roll out or the update
     ends in a `checkpoint`, which holds whole steps, none in flight. None: no step begins ahead."""
     return step + 1 if max_staleness > 0 and not checkpoint and step + 1 < steps else None
+
+
+def requeue(queue: deque, exported: list) -> None:
+    """Work a rank exported (a shift, or the step's end) goes back to the head of its role's queue, in the
+    order the rank exported it, ahead of what was queued: it holds the oldest sequences of the step."""
+    queue.extendleft(reversed(exported))
+
+
+def colocated_role(role: str, rollout_left: bool, judging: bool) -> str:
+    """Colocated's role for every rank, from the ranks' `role` now: rollout while rollout has work left
+    (`rollout_left`: queued or in flight), then the judge; once the ranks judge, they stay while the
+    judge has work queued or in flight (`judging`), so that prompts admitted meanwhile (--filter-groups)
+    wait for it: one switch back, not one a round."""
+    return Role.ROLLOUT if rollout_left and not (role == Role.JUDGE and judging) else Role.JUDGE

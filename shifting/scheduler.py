@@ -49,7 +49,6 @@ admission, so what a step draws does not depend on the order its groups finish i
 is judged and informative, so none is trained and then left out.
 """
 import random
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -223,7 +222,7 @@ class StepQueues:
         # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.engine_step_seconds = round_steps, deque(maxlen=book.RECENT_ENGINE_STEPS)
+        self.round_steps, self.recent_steps = round_steps, book.RecentSteps()
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
@@ -289,8 +288,7 @@ class StepQueues:
         requests the engines exported (every request left belongs to it)."""
         if self.ahead is None:
             return None
-        for request in exported:
-            self.queue[request.role].appendleft(request)
+        self._requeue(exported)
         self.ahead.migrated += len(exported)
         assert all(r.step == self.ahead.step for queue in self.queue.values() for r in queue), \
             "a request of the ending step is left"
@@ -309,12 +307,10 @@ class StepQueues:
             for batch, seconds, prefill in r.engine_steps:
                 row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
                 row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
-                self.engine_step_seconds.append(seconds)
+                self.recent_steps.add(seconds)
         for report in reports:
             self.migrated += len(report.exported)
-            for request in report.exported:
-                # Migrated work goes first: it holds the oldest sequences of the step.
-                self.queue[request.role].appendleft(request)
+            self._requeue(report.exported)
             for sample, judging in report.responses:
                 queues = self._of(judging.step)
                 assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
@@ -340,6 +336,11 @@ class StepQueues:
                              for p in groups for g in range(self.group_size))
                 self.train_speed.observe(tokens / (seconds * len(trainers)))
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
+
+    def _requeue(self, exported: list[Request]) -> None:
+        """Exported requests go back to the head of their role's queue (book.requeue)."""
+        for role in ENGINE_ROLES:
+            book.requeue(self.queue[role], [r for r in exported if r.role == role])
 
     def _judged(self, verdict: Verdict) -> None:
         key = verdict.key
@@ -421,9 +422,8 @@ class StepQueues:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
         least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
         ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
-        median = statistics.median(self.engine_step_seconds) if self.engine_step_seconds else None
-        longest = max(self.engine_step_seconds, default=0.0)
-        return Rounds(seconds=book.round_seconds(self.round_steps, median, longest, self.exchange_s), early=True)
+        return Rounds(seconds=book.round_seconds(self.round_steps, self.recent_steps.median(),
+                                                 self.recent_steps.longest(), self.exchange_s), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
@@ -452,8 +452,8 @@ def colocated_roles(roles: list[str], queues: StepQueues, rng: random.Random) ->
     queued, nothing can change before every engine has run empty: ranks report once, then; with work
     queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
     admits while the ranks judge wait until the judging is done: one switch back, not one a round."""
-    judging = roles[0] == Role.JUDGE and (queues.queue[Role.JUDGE] or queues.in_flight[Role.JUDGE])
-    role = Role.ROLLOUT if queues.pending(Role.ROLLOUT) and not judging else Role.JUDGE
+    role = book.colocated_role(roles[0], queues.pending(Role.ROLLOUT),
+                               bool(queues.queue[Role.JUDGE] or queues.in_flight[Role.JUDGE]))
     return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
 
 

@@ -153,8 +153,7 @@ class Step:
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
         self.generated = self.judged = 0  # of its own samples
-        # (seconds, engine steps): the step's last RECENT_ENGINE_STEPS engine steps
-        self.engine_steps_seen = deque(maxlen=book.RECENT_ENGINE_STEPS)
+        self.recent_steps = book.RecentSteps()  # the step's last engine steps, as StepQueues keeps them
         self.ahead: Step | None = None  # the next step, begun during this one (`extend`)
 
     ARRAYS = ("length", "critique", "gen", "cgen", "phase")
@@ -178,9 +177,7 @@ class Step:
             setattr(ahead, name, whole[cut:].copy())
             setattr(self, name, whole[:cut])
         ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
-        for i in reversed(exported):
-            ahead.phase[i - n] = 0 if ahead.phase[i - n] == 1 else 2
-            ahead.queue[Role.ROLLOUT if ahead.phase[i - n] == 0 else Role.JUDGE].appendleft(i - n)
+        ahead.requeue([i - n for i in exported])
         ahead.generated, ahead.judged = int((ahead.phase >= 2).sum()), int((ahead.phase == 4).sum())
         complete = np.flatnonzero(ahead.group_left == 0)
         ahead.train_ready = float(sum(ahead.tokens(slice(g * self.group_size, (g + 1) * self.group_size)).sum()
@@ -191,6 +188,14 @@ class Step:
     def tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
 
+    def requeue(self, exported: list[int]) -> None:
+        """Samples an engine exported go back to the head of their queue (book.requeue, as StepQueues'
+        requests do): a response not finished to rollout's, a critique to the judge's."""
+        for i in exported:
+            self.phase[i] = 0 if self.phase[i] == 1 else 2
+        for phase, role in ((0, Role.ROLLOUT), (2, Role.JUDGE)):
+            book.requeue(self.queue[role], [i for i in exported if self.phase[i] == phase])
+
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
         change nothing that follows them."""
@@ -199,24 +204,6 @@ class Step:
         self.group_left[:] = 0
         self.queue[Role.ROLLOUT].clear()
         self.train_ready = float(self.tokens(slice(None)).sum())
-
-    def median_engine_step_s(self, default: float) -> float:
-        """The median of the last book.RECENT_ENGINE_STEPS engine steps, as StepQueues.timed_round measures it."""
-        if not self.engine_steps_seen:
-            return default
-        runs, n = [], 0
-        for seconds, count in reversed(self.engine_steps_seen):
-            runs.append((seconds, min(count, book.RECENT_ENGINE_STEPS - n)))
-            n += runs[-1][1]
-            if n >= book.RECENT_ENGINE_STEPS:
-                break
-        runs.sort()
-        half, seen = n / 2, 0
-        for seconds, count in runs:
-            seen += count
-            if seen >= half:
-                return seconds
-        return runs[-1][0]
 
 
 class Simulation:
@@ -394,14 +381,14 @@ class Simulation:
         round lasts."""
         roles, step = [s.role for s in self.slots], self.step
         exchange = self.model.exchange_seconds(self.placement, len(self.slots))
-        longest = max((seconds for seconds, _ in step.engine_steps_seen), default=0.0)
-        rules = self.rules
-        median = step.median_engine_step_s(rules.first_engine_step_s)
-        timed = Round(book.round_seconds(rules.round_steps, median, longest, exchange,
+        rules, median = self.rules, step.recent_steps.median()
+        median = rules.first_engine_step_s if median is None else median
+        timed = Round(book.round_seconds(rules.round_steps, median, step.recent_steps.longest(), exchange,
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_roles
             rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
-            role = Role.ROLLOUT if rolling else Role.JUDGE
+            judging = step.queue[Role.JUDGE] or any(s.running for s in self.slots if s.role == Role.JUDGE)
+            role = book.colocated_role(self.slots[0].role, bool(rolling), bool(judging))
             return [role] * len(roles), timed if step.queue[role] else Round(None, early=False)
         if self.placement == "pivot":
             return planner.apply_moves(roles, self._plan()), timed
@@ -542,9 +529,7 @@ class Simulation:
                     if step.group_left[group] == 0 and own:
                         members = slice(group * step.group_size, (group + 1) * step.group_size)
                         step.train_ready += float(step.tokens(members).sum())
-            for i in reversed(slot.exported):
-                step.phase[i] = 0 if step.phase[i] == 1 else 2
-                step.queue[Role.ROLLOUT if step.phase[i] == 0 else Role.JUDGE].appendleft(i)
+            step.requeue(slot.exported)
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
@@ -687,7 +672,7 @@ class Simulation:
         slot.t += seconds
         slot.prefill_s = max(0.0, slot.prefill_s - seconds / share)
         slot.stepped = True
-        self.step.engine_steps_seen.append((seconds / chunks, chunks))
+        self.step.recent_steps.add(seconds / chunks, chunks)
         if slot.prefill_s:
             slot.halt = min(slot.halt, slot.t)
 
@@ -739,7 +724,7 @@ class Simulation:
             progress[slot.running] += steps
             slot.t += steps * slot.step_s
             slot.stepped = True
-            self.step.engine_steps_seen.append((slot.step_s, steps))
+            self.step.recent_steps.add(slot.step_s, steps)
 
     def _complete(self, slot: Slot) -> None:
         done = [i for i in slot.running if self._progress(slot.role)[i] >= self._target(slot.role, i)]

@@ -1,5 +1,17 @@
 """The scheduling book's rules (shifting/book.py), which the loop and the simulator both call."""
-from shifting.book import ahead_step, empty_enough, publish_due, round_seconds, shares, update_due
+import sys
+from collections import deque
+
+import numpy as np
+import pytest
+
+import planner
+from shifting import book
+from shifting.book import (RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
+                           round_seconds, shares, update_due)
+from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
+from sim import calibration as C
+from sim.engine import Simulation, Step
 
 
 def test_shares_even_out_loads_up_to_capacity():
@@ -44,3 +56,75 @@ def test_the_step_begun_ahead_is_the_one_the_loop_and_the_simulator_each_had():
                 loop = step + 1 if k > 0 and step + 1 < steps else None
                 assert ahead_step(step, k, steps, False) == loop == (step + 1 if k and step + 1 < steps else None)
                 assert ahead_step(step, k, steps, True) is None
+
+
+def test_recent_steps_keep_the_last_ones_their_lower_median_and_the_longest():
+    recent = RecentSteps(keep=4)
+    assert recent.median() is None and recent.longest() == 0.0
+    for seconds in (0.5, 0.1, 0.3, 0.2):
+        recent.add(seconds)
+    assert recent.median() == 0.2 and recent.longest() == 0.5  # the lower of the middle two
+    recent.add(0.1, count=3)  # a run of three steps at one speed: 0.5, 0.1 and 0.3 leave
+    assert recent.count == 4 and recent.median() == 0.1 and recent.longest() == 0.2
+    recent.add(0.9, count=100)  # a run longer than what is kept keeps its last four
+    assert list(recent.runs) == [[0.9, 4]] and recent.median() == 0.9
+
+
+def test_exported_work_goes_first_in_the_order_it_was_exported():
+    queue = deque([7, 8])
+    requeue(queue, [3, 1, 2])
+    assert list(queue) == [3, 1, 2, 7, 8]
+    requeue(queue, [])
+    assert list(queue) == [3, 1, 2, 7, 8]
+
+
+def test_colocated_rolls_out_then_judges_and_stays_while_judging():
+    assert colocated_role("rollout", rollout_left=True, judging=True) == "rollout"
+    assert colocated_role("rollout", rollout_left=False, judging=True) == "judge"
+    assert colocated_role("judge", rollout_left=True, judging=True) == "judge"  # admitted prompts wait
+    assert colocated_role("judge", rollout_left=True, judging=False) == "rollout"
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """The modules that called book.requeue and book.colocated_role, with each call's arguments."""
+    calls = []
+    for name in ("requeue", "colocated_role"):
+        def spy(*args, rule=getattr(book, name), name=name, **kwargs):
+            calls.append((sys._getframe(1).f_globals["__name__"], name, args, kwargs))
+            return rule(*args, **kwargs)
+        monkeypatch.setattr(book, name, spy)
+    return calls
+
+
+def test_the_loop_and_the_simulator_queue_exported_work_alike(asked):
+    """The same exports, as rank 0's queues (StepQueues) and the simulator's step (Step) each hear of them,
+    leave the same order in each role's queue, by the book's rule."""
+    sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
+    queues = StepQueues([{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(3)], step=0,
+                        sampling=sampling)
+    keys = [r.key for r in queues.queue["rollout"]]  # six requests; four go to an engine, three come back
+    running = [queues.queue["rollout"].popleft() for _ in range(4)]
+    queues.ingest([Report("rollout", exported=[running[2], running[0], running[3]])], 0.0)
+
+    cal = C.load()
+    step = Step(C.gpu_workload(cal, 3), np.random.default_rng(0))
+    step.group_size, step.n = 2, 6
+    step.queue["rollout"] = deque(range(6))
+    for _ in range(4):
+        step.phase[step.queue["rollout"].popleft()] = 1
+    step.requeue([2, 0, 3])
+    assert [r.key for r in queues.queue["rollout"]] == [keys[i] for i in step.queue["rollout"]] \
+        == [keys[i] for i in (2, 0, 3, 4, 5)]
+    assert {who for who, name, _, _ in asked if name == "requeue"} == {"shifting.scheduler", "sim.engine"}
+
+
+def test_the_loop_and_the_simulator_choose_colocated_roles_by_the_book(asked):
+    sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
+    queues = StepQueues([{"prompt": "1+1=", "prompt_ids": [3, 4]}], step=0, sampling=sampling)
+    assert colocated_roles(["rollout", "rollout"], queues, None)[0] == ["rollout", "rollout"]
+    cal = C.load()
+    model = C.GpuModel(cal, "dense-8b-32b")
+    Simulation(model, C.gpu_workload(cal, 2), 4, "colocated",
+               config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)).run(1)
+    assert {who for who, name, _, _ in asked if name == "colocated_role"} == {"shifting.scheduler", "sim.engine"}
