@@ -680,8 +680,8 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
-    queues = StepQueues(prompts, step=step, sampling=sampling, round_steps=args.round_steps, early_train=early_train,
-                        train_speed=placement.train_speed, train_pool=train_pool,
+    queues = StepQueues(prompts, step=step, sampling=sampling, round_steps=args.round_steps, ranks=d.world_size,
+                        early_train=early_train, train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None

@@ -12,7 +12,10 @@ from roles import Role
 
 ROUND_STEPS = 25  # --round-steps: a timed round lasts this many engine steps' worth of time, at the median step
 FIRST_ENGINE_STEP_S = 0.002  # the engine step's seconds assumed before the RL step has measured one
-RECENT_ENGINE_STEPS = 256  # the engine steps a round's length is taken from: the RL step's last ones
+# The engine steps a round's length is taken from: the RL step's last ones, this many per rank. Counted over
+# all ranks, a fixed number would shrink to a step or two of each rank's among many ranks, less than a round,
+# so the longest of them would forget the prefill chunks every round's new work brings.
+RECENT_ENGINE_STEPS = 256
 ROUND_OVER_EXCHANGE = 20  # a timed round lasts at least this many exchanges: they cost 5% of it at most
 # ... and this many of the longest recent engine steps (a prefill chunk): at its end every rank waits for
 # the steps in progress, a tenth of the round at most
@@ -24,12 +27,12 @@ POLL_S = 0.01  # how often a rank past its round's time looks whether the round 
 
 
 class RecentSteps:
-    """A step's last RECENT_ENGINE_STEPS engine steps, every rank's, as runs of equal ones (seconds,
-    count): the loop adds each step it hears of, the simulator a run of steps at one speed. A round's
-    length is taken from their median and the longest (`round_seconds`)."""
+    """A step's last RECENT_ENGINE_STEPS engine steps per rank of `ranks`, every rank's together, as runs of
+    equal ones (seconds, count): the loop adds each step it hears of, the simulator a run of steps at one
+    speed. A round's length is taken from their median and the longest (`round_seconds`)."""
 
-    def __init__(self, keep: int = RECENT_ENGINE_STEPS):
-        self.keep, self.runs, self.count = keep, deque(), 0
+    def __init__(self, ranks: int = 1, keep: int = RECENT_ENGINE_STEPS):
+        self.keep, self.runs, self.count = keep * ranks, deque(), 0
 
     def add(self, seconds: float, count: int = 1) -> None:
         self.runs.append([seconds, count])

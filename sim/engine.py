@@ -140,7 +140,8 @@ class Step:
     0 queued for rollout, 1 rolling out, 2 queued for the judge, 3 being judged, 4 judged. `version`:
     the updates made when it rolled out (the weights that sample it)."""
 
-    def __init__(self, workload: Workload, rng: np.random.Generator, index: int = 0, version: int = 0):
+    def __init__(self, workload: Workload, rng: np.random.Generator, index: int = 0, version: int = 0,
+                 slots: int = 1):
         self.index, self.version = index, version
         self.length, self.critique = workload.draw(rng)
         self.n, self.group_size, self.prompt = len(self.length), workload.group_size, workload.prompt_tokens
@@ -153,7 +154,7 @@ class Step:
         self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
         self.generated = self.judged = 0  # of its own samples
-        self.recent_steps = book.RecentSteps()  # the step's last engine steps, as StepQueues keeps them
+        self.recent_steps = book.RecentSteps(slots)  # the step's last engine steps, as StepQueues keeps them
         self.ahead: Step | None = None  # the next step, begun during this one (`extend`)
 
     ARRAYS = ("length", "critique", "gen", "cgen", "phase")
@@ -263,7 +264,7 @@ class Simulation:
         for update in range(last):
             ahead, beside = pipeline.rollouts(update, len(pending), k, last)
             for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
-                pending.append(Step(self.workload, self.rng, index, version=0))
+                pending.append(Step(self.workload, self.rng, index, version=0, slots=len(self.slots)))
                 if self.placement == "disaggregated":  # a fixed split's fill ends as it began, every slot idle
                     pending[-1].judge_all()
                 else:
@@ -272,7 +273,7 @@ class Simulation:
                 self._start_clock()
             rolled, self.carried = self.carried, None
             if rolled is None and beside < last:
-                rolled = Step(self.workload, self.rng, beside, version=update)
+                rolled = Step(self.workload, self.rng, beside, version=update, slots=len(self.slots))
             assert rolled is None or rolled.index == beside
             # At K > 0 an update made during the rollout is published then, and the next step begins (no
             # checkpoint is simulated).
@@ -369,7 +370,8 @@ class Simulation:
         for slot in self.slots:
             if slot.role == Role.ROLLOUT:
                 slot.prefill_s += reload + self._context(Role.ROLLOUT, slot.running) / self.model.prefill_per_s[Role.ROLLOUT]
-        self.step.extend(Step(self.workload, self.rng, self.ahead_index, version=self.step.version + 1))
+        self.step.extend(Step(self.workload, self.rng, self.ahead_index, version=self.step.version + 1,
+                              slots=len(self.slots)))
         self.published = True
 
     def _grads(self) -> bool:

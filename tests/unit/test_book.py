@@ -59,6 +59,7 @@ def test_the_step_begun_ahead_is_the_one_the_loop_and_the_simulator_each_had():
 
 
 def test_recent_steps_keep_the_last_ones_their_lower_median_and_the_longest():
+    assert RecentSteps(ranks=3, keep=4).keep == 12  # so many per rank
     recent = RecentSteps(keep=4)
     assert recent.median() is None and recent.longest() == 0.0
     for seconds in (0.5, 0.1, 0.3, 0.2):

@@ -149,8 +149,8 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
 
 def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot(monkeypatch):
     """As the loop does (pivot_train.to_train, then train_step): where no round's start made the update,
-    because its last groups were trained in the step's last round or are still to train as the step
-    ends (this run's second update), every pivot slot moves to train for it; one made during the step needs no move."""
+    because its last groups were trained in the step's last round (this run's second update), every pivot
+    slot moves to train for it; one made during the step needs no move."""
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
     sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2,
@@ -169,4 +169,4 @@ def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot
     monkeypatch.setattr(sim, "_apply", record_apply)
     monkeypatch.setattr(sim, "_finish", record_finish)
     sim.run(2)
-    assert ends == [(True, True, False), (False, False, True), (False, False, True), (False, False, True)]  # the drain
+    assert ends == [(True, True, False), (False, True, True), (False, False, True), (False, False, True)]  # the drain

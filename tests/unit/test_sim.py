@@ -224,14 +224,14 @@ def test_one_slot_is_idle_only_while_it_shifts_or_reports(cal):
 
 
 @pytest.mark.parametrize("placement, seconds, shifts, rounds", [("colocated", 361.3819056490347, 48, 8),
-                                                               ("disaggregated", 416.88496780593084, 0, 476),
-                                                               ("pivot", 316.295641713938, 56, 530)])
+                                                               ("disaggregated", 421.04639608803797, 0, 191),
+                                                               ("pivot", 314.8099150621382, 56, 211)])
 def test_at_k0_the_figures_are_those_before_the_pipeline(cal, placement, seconds, shifts, rounds):
     """What the synchronous simulator gave for these runs before it ran pivot_train.py's pipeline, to the
     last digit (commit f307166 with the scheduling book's load-evening dispatch and the planner's count of
     idle engine ranks, which came beside it), but for the timed rounds' length: its longest recent engine
-    step is now the longest of the step's last 256 engine steps, as the loop takes it (book.RecentSteps),
-    where it was the longest of the last 256 runs of steps at one speed, a far longer stretch."""
+    step is now the longest of the step's last 256 engine steps per rank, as the loop takes it
+    (book.RecentSteps), where it was the longest of the last 256 runs of steps at one speed."""
     sim, result, _ = run(cal, placement)
     assert (result.seconds, result.shifts, result.rounds) == (seconds, shifts, rounds)
     assert result.critical_path_s == 205.0381855320795
@@ -271,10 +271,10 @@ def test_at_k2_every_step_trains_once_and_never_beyond_the_bound(cal, placement)
 def test_at_k2_the_split_trains_the_earlier_step_while_the_next_rolls_out(cal):
     """Disaggregated's train slots wait through a synchronous step's rollout and train after its last
     verdict; at K = 2 they work through the update's groups, an earlier step's, all judged, meanwhile,
-    and less of the update is left after the verdict (at K = 2 the steps begun ahead are short, so some is)."""
+    and little of the update is left after the verdict."""
     split = {"rollout": 3, "judge": 2, "train": 3}
     runs = {k: run(cal, "disaggregated", staleness=k, split=split)[1] for k in (0, 2)}
-    assert runs[2].phases["train_tail"] < runs[0].phases["train_tail"] / 2
+    assert runs[2].phases["train_tail"] < runs[0].phases["train_tail"] / 10
     assert runs[2].seconds < runs[0].seconds
 
 
