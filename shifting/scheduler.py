@@ -192,15 +192,16 @@ class StepQueues:
     """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
     that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
 
-    def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1, ranks: int = 1,
-                 early_train: bool = False, train_speed: TrainSpeed | None = None,
+    def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1,
+                 ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
                  train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
                  version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
         `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
-        this step's own work begun so, during the step before (`carry`)."""
+        this step's own work begun so, during the step before (`carry`). `ranks`: the world size, whose
+        recent engine steps set a round's length (book.RecentSteps)."""
         self.sampling, self.prompts, self.step, self.group_size = sampling, prompts, step, sampling.group_size
         requests = RolloutEngine.requests(
             prompts, group_size=sampling.group_size, step=step, seed=sampling.seed, temperature=sampling.temperature,
@@ -222,7 +223,7 @@ class StepQueues:
         # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
         # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.recent_steps = round_steps, book.RecentSteps(ranks)  # `ranks`: the world size
+        self.round_steps, self.recent_steps = round_steps, book.RecentSteps(ranks)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
         self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
