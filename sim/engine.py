@@ -264,7 +264,7 @@ class Simulation:
         for update in range(last):
             ahead, beside = pipeline.rollouts(update, len(pending), k, last)
             for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
-                pending.append(Step(self.workload, self.rng, index, version=0, slots=len(self.slots)))
+                pending.append(self._new_step(index, version=0))
                 if self.placement == "disaggregated":  # a fixed split's fill ends as it began, every slot idle
                     pending[-1].judge_all()
                 else:
@@ -273,7 +273,7 @@ class Simulation:
                 self._start_clock()
             rolled, self.carried = self.carried, None
             if rolled is None and beside < last:
-                rolled = Step(self.workload, self.rng, beside, version=update, slots=len(self.slots))
+                rolled = self._new_step(beside, version=update)
             assert rolled is None or rolled.index == beside
             # At K > 0 an update made during the rollout is published then, and the next step begins (no
             # checkpoint is simulated).
@@ -309,6 +309,10 @@ class Simulation:
                                 dict(self.split), dict(self.slot_s), dict(self.phases), critical, self.rounds,
                                 bound, work, trained)
         return result
+
+    def _new_step(self, index: int, version: int) -> Step:
+        """Step `index`'s samples, drawn now, rolled out under weights `version`."""
+        return Step(self.workload, self.rng, index, version=version, slots=len(self.slots))
 
     def _start_clock(self) -> None:
         """What the timed updates take is counted from now: the pipeline's fill and the skipped updates
@@ -370,8 +374,7 @@ class Simulation:
         for slot in self.slots:
             if slot.role == Role.ROLLOUT:
                 slot.prefill_s += reload + self._context(Role.ROLLOUT, slot.running) / self.model.prefill_per_s[Role.ROLLOUT]
-        self.step.extend(Step(self.workload, self.rng, self.ahead_index, version=self.step.version + 1,
-                              slots=len(self.slots)))
+        self.step.extend(self._new_step(self.ahead_index, version=self.step.version + 1))
         self.published = True
 
     def _grads(self) -> bool:

@@ -23,6 +23,25 @@ def pytest_collection_modifyitems(items):
         if UNIT not in item.path.parents:
             item.add_marker(pytest.mark.slow)
 
+@pytest.fixture
+def book_calls(monkeypatch):
+    """`book_calls(*names)`: replaces those rules of shifting/book.py by spies and returns the list their
+    calls go to, each (the calling module, the rule, its arguments, its answer), so a test can tell that
+    the loop and the simulator each decided by the book and not by a rule of their own."""
+    from shifting import book
+
+    def watch(*names):
+        calls = []
+        for name in names:
+            def spy(*args, rule=getattr(book, name), name=name, **kwargs):
+                answer = rule(*args, **kwargs)
+                calls.append((sys._getframe(1).f_globals["__name__"], name, args + tuple(kwargs.values()), answer))
+                return answer
+            monkeypatch.setattr(book, name, spy)
+        return calls
+    return watch
+
+
 # A small run of the built-in task: 3 steps of 16 samples, a checkpoint after each, evaluation at the start
 # and the end. Placements whose samples depend on the seed alone, with their world sizes.
 SMALL_STEPS = 3

@@ -1,12 +1,10 @@
 """The scheduling book's rules (shifting/book.py), which the loop and the simulator both call."""
-import sys
 from collections import deque
 
 import numpy as np
 import pytest
 
 import planner
-from shifting import book
 from shifting.book import (RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
                            round_seconds, shares, update_due)
 from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
@@ -87,15 +85,9 @@ def test_colocated_rolls_out_then_judges_and_stays_while_judging():
 
 
 @pytest.fixture
-def asked(monkeypatch):
-    """The modules that called book.requeue and book.colocated_role, with each call's arguments."""
-    calls = []
-    for name in ("requeue", "colocated_role"):
-        def spy(*args, rule=getattr(book, name), name=name, **kwargs):
-            calls.append((sys._getframe(1).f_globals["__name__"], name, args, kwargs))
-            return rule(*args, **kwargs)
-        monkeypatch.setattr(book, name, spy)
-    return calls
+def asked(book_calls):
+    """The calls of book.requeue and book.colocated_role: (the calling module, the rule, its arguments, its answer)."""
+    return book_calls("requeue", "colocated_role")
 
 
 def test_the_loop_and_the_simulator_queue_exported_work_alike(asked):

@@ -4,7 +4,6 @@ the simulator (sim/engine.py) alike. Each rule is replaced by a spy that records
 side that decided by a rule of its own fails here; the loop is driven by hand, the simulator on a small
 workload."""
 import itertools
-import sys
 from collections import deque
 from types import SimpleNamespace
 
@@ -13,7 +12,6 @@ import pytest
 import pivot_train
 import planner
 from roles.rollout import Sample
-from shifting import book
 from shifting.scheduler import NO_EARLY, Report, Rounds, SamplingOptions, StepQueues, _decide
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -27,16 +25,9 @@ RULES = ("update_due", "publish_due", "ahead_step")
 
 
 @pytest.fixture
-def asked(monkeypatch):
+def asked(book_calls):
     """Every call of the three rules: (the calling module, the rule, its arguments, its answer)."""
-    calls = []
-    for name in RULES:
-        def spy(*args, rule=getattr(book, name), name=name, **kwargs):
-            answer = rule(*args, **kwargs)
-            calls.append((sys._getframe(1).f_globals["__name__"], name, args + tuple(kwargs.values()), answer))
-            return answer
-        monkeypatch.setattr(book, name, spy)
-    return calls
+    return book_calls(*RULES)
 
 
 def loop_queues(trained: bool, made: bool, published: bool, ahead: bool) -> StepQueues:
