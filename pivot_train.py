@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
                         "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
     # run
+    p.add_argument("--trace-rounds", action="store_true",
+                   help="rank 0 writes every round's reports and orders to OUT/rounds.jsonl, a line per step rolled "
+                        "out, appended (python -m sim.replay replays them through the simulator's rules)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints in OUT/checkpoints (and one after the last step); the same "
@@ -683,13 +686,19 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     queues = StepQueues(prompts, step=step, sampling=sampling, round_steps=args.round_steps, ranks=d.world_size,
                         early_train=early_train, train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
-                        ahead=ahead, carried=carried,
+                        ahead=ahead, carried=carried, trace=args.trace_rounds,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.next_roles, prompts=prompts,
                                          rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
                                          seed=placement.seed, step=step, timeline=timeline, ahead=ahead)
     seconds = time.perf_counter() - start
+    if queues is not None and queues.trace is not None:
+        with open(Path(args.out) / "rounds.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "samples": len(prompts) * args.group_size, "group_size": args.group_size,
+                                "train_pool": train_pool is not None, "early_train": early_train,
+                                "ahead": ahead is not None, "carried": carried is not None,
+                                "rounds": queues.trace}) + "\n")
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
     counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics(),

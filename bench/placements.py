@@ -23,6 +23,9 @@ here: a step measured while k ranks stepped their engines on c cores is counted 
 its uncontended time, the same law the simulator applies. Each run's machine-wide CPU busy fraction
 (/proc/stat before and after) bounds what any placement can gain over colocated: 1 / its busy fraction.
 
+Rounds (for `python -m sim.replay PATH` and tests/unit/test_replay.py): every run goes with
+--trace-rounds, and the JSON keeps each run's rounds.jsonl from the first repeat under `rounds`.
+
 Lengths: on the built-in task a response is a worked column-by-column sum, so its length grows with
 the operands' digit counts (1 to 4 each, drawn independently): 6 to 39 tokens; a critique quotes both
 answers and compares them digit by digit: 40 to 70 tokens. There is no tail to speak of. `--workload
@@ -59,6 +62,7 @@ def run(placement: str, staleness: int, args, extra: list[str], out: Path) -> tu
            str(ROOT / "pivot_train.py"), "--placement", placement, "--max-staleness", str(staleness),
            "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--eval-prompts", "32", "--seed", str(args.seed), "--out", str(out),
+           "--trace-rounds",
            *(["--split", args.split] if placement == "disaggregated" else []),
            *(LONGTAIL if args.workload == "longtail" else []), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -223,6 +227,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.out or tmp)
         folders = []  # the on-policy runs, which the simulator's cost model is fitted on
+        rounds = {}  # each run's rounds, as its rank 0 read and ordered them (first repeat): sim/replay.py
         for repeat in range(args.repeats):
             for placement, k in configs:
                 name = label(placement, k)
@@ -230,6 +235,8 @@ def main():
                 records, cpu_busy = run(placement, k, args, extra, folder)
                 if k == 0:
                     folders.append(folder)
+                if repeat == 0:
+                    rounds[name] = read_jsonl(folder / "rounds.jsonl")
                 results[name].append(summarise(records, args.nproc, k, max(bounds)) | {"cpu_busy": cpu_busy})
                 r = results[name][-1]
                 print(f"repeat {repeat} {name:16s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
@@ -256,10 +263,20 @@ def main():
                "max_staleness": bounds, "split": None if "disaggregated" in skipped else args.split,
                "skipped": skipped, "placements": table, "ratios": ratios,
                # Colocated leaves the rest of the machine idle; no placement can use more than all of it.
-               "bound_over_colocated": 1 / table[baseline]["steps_cpu_busy"], **model}
+               "bound_over_colocated": 1 / table[baseline]["steps_cpu_busy"], **model, "rounds": rounds}
     report(figures, table, model, cpus, args)
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        Path(args.json).write_text(to_json(figures))
+
+
+def to_json(figures: dict) -> str:
+    """The figures indented, and the runs' rounds a line per step rolled out (a step holds thousands of
+    numbers: a line each would make the file ten times longer)."""
+    text = json.dumps({key: v for key, v in figures.items() if key != "rounds"}, indent=1)
+    runs = ",\n".join(f" {json.dumps(name)}: [\n" + ",\n".join(f"  {json.dumps(line, separators=(',', ':'))}"
+                                                              for line in lines) + "\n ]"
+                      for name, lines in figures["rounds"].items())
+    return text[:-2] + ',\n "rounds": {\n' + runs + "\n }\n}\n"
 
 
 def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:

@@ -195,13 +195,15 @@ class StepQueues:
     def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1,
                  ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
                  train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
-                 version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None):
+                 version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None,
+                 trace: bool = False):
         """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
         `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
         this step's own work begun so, during the step before (`carry`). `ranks`: the world size, whose
-        recent engine steps set a round's length (book.RecentSteps)."""
+        recent engine steps set a round's length (book.RecentSteps). `trace` (--trace-rounds): keep every
+        round's reports and orders (`trace_round`)."""
         self.sampling, self.prompts, self.step, self.group_size = sampling, prompts, step, sampling.group_size
         requests = RolloutEngine.requests(
             prompts, group_size=sampling.group_size, step=step, seed=sampling.seed, temperature=sampling.temperature,
@@ -252,6 +254,7 @@ class StepQueues:
         self.version, self.ahead_prompts, self.published = version, ahead, False
         self.ahead: StepQueues | None = None
         self.reloaded = 0  # sequences that went on under the weights published during the step
+        self.trace: list[dict] | None = [] if trace else None
         if carried is not None:
             self._take_over(carried)
 
@@ -291,9 +294,33 @@ class StepQueues:
             return None
         self._requeue(exported)
         self.ahead.migrated += len(exported)
+        if self.trace is not None:
+            self.trace.append({"carry": [self.sample_id(r.step, r.key) for r in exported]})
         assert all(r.step == self.ahead.step for queue in self.queue.values() for r in queue), \
             "a request of the ending step is left"
         return self.ahead
+
+    def sample_id(self, step: int, key: tuple[int, int]) -> int:
+        """A sample's number in the trace: prompt x G + sample within its step, the next step's after this
+        step's own, as the simulator numbers its samples (sim/engine.py Step)."""
+        return (step - self.step) * len(self.prompts) * self.group_size + key[0] * self.group_size + key[1]
+
+    def trace_round(self, reports: list[Report], orders: list["Orders"]) -> None:
+        """--trace-rounds: what rank 0 read from every rank this round (its role, the samples it finished and
+        exported, how many it has in flight, the groups it trained, whether it made the update) and what it
+        ordered (the roles, the samples each rank takes, the groups handed to train, publish, update,
+        done, a timed round), samples by their trace numbers (`sample_id`)."""
+        ids = lambda requests: [self.sample_id(r.step, r.key) for r in requests]  # noqa: E731
+        train = next((o.train for o in orders if o.train), [])
+        self.trace.append({
+            "reports": [{"role": r.role, "responses": ids(judging for _, judging in r.responses),
+                         "verdicts": ids(r.verdicts), "exported": ids(r.exported), "in_flight": r.in_flight,
+                         "trained": r.trained["groups"] if r.trained else [], "update": r.update is not None}
+                        for r in reports],
+            "roles": orders[0].roles, "work": [ids(o.work) for o in orders],
+            "handed": [group[0].prompt_index for group in train], "publish": orders[0].publish is not None,
+            "update": any(o.update is not None for o in orders), "timed": orders[0].rounds.seconds is not None,
+            "done": orders[0].done})
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
@@ -645,7 +672,7 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capa
     if error:
         return [Orders(roles, error=f"step {queues.step}: {error}") for _ in roles]
     if queues.done():
-        return [Orders(roles, done=True, carry=queues.ahead is not None) for _ in roles]
+        return _traced(queues, reports, [Orders(roles, done=True, carry=queues.ahead is not None) for _ in roles])
     # The update made, its weights go out now, and the next step's prompts join the queue before the roles are decided.
     publish = queues.publish() if queues.publish_due() else None
     start = time.perf_counter()
@@ -659,6 +686,13 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capa
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
         if Role.TRAIN in roles and queues.update_due() else None
-    return [Orders(new, work=work[r], train=train if new[r] == Role.TRAIN else [],
-                   update=update if roles[r] == Role.TRAIN else None, publish=publish, rounds=rounds)
-            for r in range(len(new))]
+    return _traced(queues, reports, [Orders(new, work=work[r], train=train if new[r] == Role.TRAIN else [],
+                                            update=update if roles[r] == Role.TRAIN else None, publish=publish,
+                                            rounds=rounds) for r in range(len(new))])
+
+
+def _traced(queues: StepQueues, reports: list[Report], orders: list[Orders]) -> list[Orders]:
+    """The round's orders, kept in the trace first where the step keeps one (--trace-rounds)."""
+    if queues.trace is not None:
+        queues.trace_round(reports, orders)
+    return orders

@@ -197,6 +197,46 @@ class Step:
         for phase, role in ((0, Role.ROLLOUT), (2, Role.JUDGE)):
             book.requeue(self.queue[role], [i for i in exported if self.phase[i] == phase])
 
+    def ingest(self, finished: list[int], exported: list[int]) -> None:
+        """One slot's report, as rank 0 reads it (StepQueues.ingest): its finished responses join the judge's
+        queue, its verdicts complete groups (an own group complete is ready to train), and what it exported
+        goes back to the head of its queue."""
+        for i in finished:
+            own = i < self.n  # else the next step's, begun during this one
+            if self.phase[i] == 1:
+                self.phase[i], self.generated = 2, self.generated + own
+                self.queue[Role.JUDGE].append(i)
+            else:
+                assert self.phase[i] == 3, f"sample {i} judged twice"
+                self.phase[i], self.judged = 4, self.judged + own
+                group = i // self.group_size
+                self.group_left[group] -= 1
+                if self.group_left[group] == 0 and own:
+                    self.train_ready += float(self.tokens(self.members(group)).sum())
+        self.requeue(exported)
+
+    def dispatch(self, role: str, in_flight: list[int], capacity: int) -> list[list[int]]:
+        """The role's queue shared among the slots holding it, given what each runs (book.shares, as
+        StepQueues.dispatch), in slot order from the queue's head."""
+        queue, work = self.queue[role], []
+        for take in book.shares(len(queue), in_flight, capacity):
+            work.append([queue.popleft() for _ in range(take)])
+            self.phase[work[-1]] = 1 if role == Role.ROLLOUT else 3
+        return work
+
+    def hand_out(self) -> list[int]:
+        """Early training: every judged group of the update no train slot has had, in prompt order
+        (StepQueues.hand_to_train); `hand_back` takes those they did not reach."""
+        groups = np.flatnonzero((self.group_left[:self.n // self.group_size] == 0) & ~self.handed[:self.n // self.group_size])
+        self.handed[groups] = True
+        return groups.tolist()
+
+    def hand_back(self, groups: list[int]) -> None:
+        self.handed[groups] = False
+
+    def members(self, group: int) -> slice:
+        return slice(group * self.group_size, (group + 1) * self.group_size)
+
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
         change nothing that follows them."""
@@ -348,14 +388,19 @@ class Simulation:
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
         self.judge_end = self.now
-        if step is not None and step.ahead is not None:  # the engines export the next step's sequences
-            exported = []
-            for slot in self.slots:
-                exported += slot.running
-                slot.running, slot.prefill_s = [], 0.0
-            self.carried = step.carry(exported)
+        if step is not None and step.ahead is not None:
+            self._carry(step)
         if update is not None:
             self._finish(update)
+
+    def _carry(self, step: Step) -> list[int]:
+        """The engines export the next step's sequences, in slot order, which go on in it (Step.carry)."""
+        exported = []
+        for slot in self.slots:
+            exported += slot.running
+            slot.running, slot.prefill_s = [], 0.0
+        self.carried = step.carry(exported)
+        return exported
 
     def _update_due(self) -> bool:
         """Whether the train slots make the update now, at the round's start (book.update_due, as
@@ -417,15 +462,12 @@ class Simulation:
 
     def _dispatch(self) -> None:
         """Each engine role's queue shared among the slots holding it, evening out their loads up to each
-        engine's room, in slot order from the queue's head (book.shares, as StepQueues.dispatch); a
-        slot's first step takes its new requests in."""
+        engine's room, in slot order from the queue's head (Step.dispatch); a slot still shifting takes
+        its share too, as the loop's rank does before it shifts, and works on it once shifted. A slot's
+        first step takes its new requests in."""
         for role in ENGINE_ROLES:
-            queue, held = self.step.queue[role], [s for s in self.slots if s.role == role and s.ready_at <= self.now]
-            takes = book.shares(len(queue), [len(slot.running) for slot in held], self.model.max_seqs[role])
-            for slot, take in zip(held, takes):
-                new = [queue.popleft() for _ in range(take)]
-                for j in new:
-                    self.step.phase[j] = 1 if role == Role.ROLLOUT else 3
+            held = [s for s in self.slots if s.role == role]
+            for slot, new in zip(held, self.step.dispatch(role, [len(s.running) for s in held], self.model.max_seqs[role])):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
@@ -439,12 +481,10 @@ class Simulation:
         ready = all(s.ready_at <= self.now for s in self.slots if s.role == Role.TRAIN)  # the group trains together
         if not (self._early_train() and trainers and ready):
             return
-        step, g = self.update, self.update.group_size
         rate = trainers * self.model.train_per_s(trainers)
-        for group in np.flatnonzero((step.group_left == 0) & ~step.handed):
-            tokens = float(step.tokens(slice(group * g, (group + 1) * g)).sum())
-            self.train_groups.append((int(group), tokens, tokens / rate))
-            step.handed[group] = True
+        for group in self.update.hand_out():
+            tokens = float(self.update.tokens(self.update.members(group)).sum())
+            self.train_groups.append((group, tokens, tokens / rate))
         self.train_left = sum(seconds for _, _, seconds in self.train_groups)
 
     def _cut_training(self) -> None:
@@ -454,8 +494,7 @@ class Simulation:
         while kept < len(self.train_groups) and end < done - 1e-12:
             end += self.train_groups[kept][2]
             kept += 1
-        for group, _, _ in self.train_groups[kept:]:
-            self.update.handed[group] = False
+        self.update.hand_back([group for group, _, _ in self.train_groups[kept:]])
         self.train_groups = self.train_groups[:kept]
         self.train_left = max(0.0, end - done)
         self._retime(None)
@@ -476,14 +515,17 @@ class Simulation:
         self.events.clear()
         self.round_end = math.inf  # once every slot has arrived (step_on) or enough ran empty (early rounds)
         self.emptied = 0
-        for s in self.slots:
-            s.t, s.stepped, s.version = start, False, s.version + 1
-            s.halt = start + rnd.seconds if rnd.seconds is not None else math.inf
+        for s in self.slots:  # a slot still shifting has taken its work, and starts on it (and its time) once shifted
+            s.t, s.stepped, s.version = max(start, s.ready_at), False, s.version + 1
+            s.halt = s.t + rnd.seconds if rnd.seconds is not None else math.inf
             s.stopped = s.arrived = s.role not in ENGINE_ROLES or not s.running
         self.train_arrived = self.train_left == 0
         if not self.train_arrived and rnd.seconds is not None:
             self._push(start + rnd.seconds, -2, 0)  # the train slots' time
         self._retime(None)
+        for s in self.slots:
+            if s.ready_at > start and not s.stopped:  # its engine joins those sharing the cores then
+                self._push(s.ready_at, s.index, s.version)
         trained = self.train_left > 0
         while self.train_left > 0 or not all(s.stopped for s in self.slots):
             t, _, index, version = heapq.heappop(self.events)
@@ -517,24 +559,9 @@ class Simulation:
         self.now = end
 
     def _ingest(self) -> None:
-        """Rank 0 reads the reports, in slot order: finished responses join the judge's queue, verdicts
-        complete groups, and exported sequences go back to the head of their queue."""
-        step = self.step
+        """Rank 0 reads the reports, in slot order (Step.ingest)."""
         for slot in self.slots:
-            for i in slot.finished:
-                own = i < step.n  # else the next step's, begun during this one
-                if step.phase[i] == 1:
-                    step.phase[i], step.generated = 2, step.generated + own
-                    step.queue[Role.JUDGE].append(i)
-                else:
-                    assert step.phase[i] == 3, f"sample {i} judged twice"
-                    step.phase[i], step.judged = 4, step.judged + own
-                    group = i // step.group_size
-                    step.group_left[group] -= 1
-                    if step.group_left[group] == 0 and own:
-                        members = slice(group * step.group_size, (group + 1) * step.group_size)
-                        step.train_ready += float(step.tokens(members).sum())
-            step.requeue(slot.exported)
+            self.step.ingest(slot.finished, slot.exported)
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# What bench/placements.py --json wrote in a real run on this machine: the simulator's CPU cost model, and
+# each placement's rounds (tests/unit/test_sim.py, test_replay.py; e2e/test_staleness.py)
+BENCH_JSON = ROOT / "tests" / "data" / "placements_cpu.json"
 sys.path.insert(0, str(ROOT))
 POLICY, JUDGE = ROOT / "models/arith-policy", ROOT / "models/arith-genrm"
 UNIT = ROOT / "tests/unit"
@@ -62,10 +65,11 @@ PLACEMENTS = {
     "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
                           "--max-staleness", 2], 3),
     # --max-staleness with no checkpoint to stop at: each update published as soon as it is made, the
-    # engines go on under it, and the next step begins (tests/e2e/test_staleness.py)
-    "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0], 2),
+    # engines go on under it, and the next step begins (tests/e2e/test_staleness.py); their rounds, recorded,
+    # are replayed through the simulator's book there
+    "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0, "--trace-rounds"], 2),
     "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
-                                "--max-staleness", 2, "--checkpoint-every", 0], 3),
+                                "--max-staleness", 2, "--checkpoint-every", 0, "--trace-rounds"], 3),
     "disaggregated-k2-every2": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
                                  "--max-staleness", 2, "--checkpoint-every", 2], 3),
     # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/e2e/test_filter_groups_runs.py);

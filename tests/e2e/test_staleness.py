@@ -6,10 +6,12 @@ no checkpoint to stop at publishes each update as soon as it is made, so steps o
 on under newer weights: the same bound and counts hold, token by token."""
 
 import collections
+import json
 
 import pytest
 
-from conftest import SMALL_STEPS, metrics, restarted, same_run, samples, small_run
+from conftest import BENCH_JSON, SMALL_STEPS, metrics, restarted, same_run, samples, small_run
+from sim.replay import replay_run
 
 
 def updates(out):
@@ -93,9 +95,12 @@ def holds_the_bound_token_by_token(out, steps: int, bound: int) -> None:
 
 @pytest.mark.parametrize("placement, bound", [("pivot-k1-ahead", 1), ("disaggregated-k2-ahead", 2)])
 def test_a_pipeline_that_runs_ahead_holds_the_bound_token_by_token(tmp_path, placement, bound):
+    """Its rounds, replayed through the simulator's book (sim/replay.py), give the orders the loop gave:
+    the simulator and the loop share every rule of the step's queues, hand-outs, publish and carry."""
     out = tmp_path / "run"
     small_run(out, placement, steps=AHEAD_STEPS)
     holds_the_bound_token_by_token(out, AHEAD_STEPS, bound)
+    assert replay_run(out, json.loads(BENCH_JSON.read_text())) == []
 
 
 def test_a_rank_killed_while_the_pipeline_runs_ahead_resumes_with_nothing_lost(tmp_path):
