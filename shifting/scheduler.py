@@ -255,6 +255,7 @@ class StepQueues:
         self.ahead: StepQueues | None = None
         self.reloaded = 0  # sequences that went on under the weights published during the step
         self.trace: list[dict] | None = [] if trace else None
+        self.begun = time.perf_counter()  # the trace's rounds are timed from here
         if carried is not None:
             self._take_over(carried)
 
@@ -309,7 +310,8 @@ class StepQueues:
         """--trace-rounds: what rank 0 read from every rank this round (its role, the samples it finished and
         exported, how many it has in flight, the groups it trained, whether it made the update) and what it
         ordered (the roles, the samples each rank takes, the groups handed to train, publish, update,
-        done, a timed round), samples by their trace numbers (`sample_id`)."""
+        done, a timed round, and its seconds), with when rank 0 ordered it (`at`, seconds into the step) and
+        samples by their trace numbers (`sample_id`)."""
         ids = lambda requests: [self.sample_id(r.step, r.key) for r in requests]  # noqa: E731
         train = next((o.train for o in orders if o.train), [])
         self.trace.append({
@@ -320,7 +322,7 @@ class StepQueues:
             "roles": orders[0].roles, "work": [ids(o.work) for o in orders],
             "handed": [group[0].prompt_index for group in train], "publish": orders[0].publish is not None,
             "update": any(o.update is not None for o in orders), "timed": orders[0].rounds.seconds is not None,
-            "done": orders[0].done})
+            "seconds": orders[0].rounds.seconds, "done": orders[0].done, "at": time.perf_counter() - self.begun})
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
