@@ -227,7 +227,8 @@ class Step:
     def hand_out(self) -> list[int]:
         """Early training: every judged group of the update no train slot has had, in prompt order
         (StepQueues.hand_to_train); `hand_back` takes those they did not reach."""
-        groups = np.flatnonzero((self.group_left[:self.n // self.group_size] == 0) & ~self.handed[:self.n // self.group_size])
+        own = self.n // self.group_size  # the groups of the next step, begun during this one, follow
+        groups = np.flatnonzero((self.group_left[:own] == 0) & ~self.handed[:own])
         self.handed[groups] = True
         return groups.tolist()
 
@@ -467,7 +468,8 @@ class Simulation:
         first step takes its new requests in."""
         for role in ENGINE_ROLES:
             held = [s for s in self.slots if s.role == role]
-            for slot, new in zip(held, self.step.dispatch(role, [len(s.running) for s in held], self.model.max_seqs[role])):
+            takes = self.step.dispatch(role, [len(s.running) for s in held], self.model.max_seqs[role])
+            for slot, new in zip(held, takes):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]

@@ -126,7 +126,8 @@ class Replay(Simulation):
                 self.step.cgen[finished] = self.step.critique[finished]
             self._same(len(slot.running), report["in_flight"], f"{at}: in flight on rank {slot.index}")
             trained |= set(report["trained"])
-        self._same(sorted(trained - {g for g, _, _ in self.train_groups}), [], f"{at}: groups trained beyond those handed")
+        handed = {group for group, _, _ in self.train_groups}
+        self._same(sorted(trained - handed), [], f"{at}: groups trained beyond those handed")
         kept = [g for g in self.train_groups if g[0] in trained]
         if self.train_groups:
             self.update.hand_back([g for g, _, _ in self.train_groups if g not in trained])
@@ -139,7 +140,8 @@ class Replay(Simulation):
         return self.exported_at_end
 
 
-def replay(measured: dict, steps: list[dict], placement: str, max_staleness: int, split: str | None = None) -> list[str]:
+def replay(measured: dict, steps: list[dict], placement: str, max_staleness: int,
+           split: str | None = None) -> list[str]:
     """A recorded run (`steps`: rounds.jsonl's lines) of `placement` at --max-staleness `max_staleness`
     (disaggregated at --split `split`), on the ranks its rounds report from, replayed on the cost model
     of `measured` (bench/placements.py's JSON: shifts and publishes take the time they took there, which
