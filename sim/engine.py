@@ -181,8 +181,7 @@ class Step:
         ahead.requeue([i - n for i in exported])
         ahead.generated, ahead.judged = int((ahead.phase >= 2).sum()), int((ahead.phase == 4).sum())
         complete = np.flatnonzero(ahead.group_left == 0)
-        ahead.train_ready = float(sum(ahead.tokens(slice(g * self.group_size, (g + 1) * self.group_size)).sum()
-                                      for g in complete))
+        ahead.train_ready = float(sum(ahead.tokens(ahead.members(g)).sum() for g in complete))
         self.ahead = None
         return ahead
 
@@ -613,7 +612,7 @@ class Simulation:
         return max(step.prompt / m.prefill_per_s[Role.ROLLOUT] + alone(Role.ROLLOUT, step.prompt, int(step.length[i]))
                    + (judge_prompt + step.length[i]) / m.prefill_per_s[Role.JUDGE]
                    + alone(Role.JUDGE, judge_prompt + int(step.length[i]), int(step.critique[i]))
-                   + float(step.tokens(slice(i // g * g, i // g * g + g) if early else slice(None)).sum())
+                   + float(step.tokens(step.members(i // g) if early else slice(None)).sum())
                    / (n * m.train_per_s(n))
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
 
