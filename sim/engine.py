@@ -276,6 +276,8 @@ class Simulation:
         self.train_left, self.train_share, self.train_version = 0.0, 1.0, 0
         self.train_groups: list[tuple[int, float, float]] = []
         self.train_arrived = True
+        # Past their time, the train slots arrive at the end of the group in progress: `train_left` then.
+        self.train_arrives_at: float | None = None
         self.shifts, self.shift_seconds, self.rounds = 0, 0.0, 0
         self.slot_s = dict.fromkeys(STATES, 0.0)
         self.phases = {Role.ROLLOUT: 0.0, "judge_tail": 0.0, "train_tail": 0.0}
@@ -488,16 +490,38 @@ class Simulation:
             self.train_groups.append((group, tokens, tokens / rate))
         self.train_left = sum(seconds for _, _, seconds in self.train_groups)
 
-    def _cut_training(self) -> None:
-        """The round is over for the train slots: they finish the group in progress, and hand back the
-        groups after it."""
+    def _group_in_progress(self) -> tuple[int, float, float]:
+        """The train slots' handed groups up to the one in progress (how many), the uncontended seconds
+        into them at its end, and those done now."""
         done, end, kept = sum(seconds for _, _, seconds in self.train_groups) - self.train_left, 0.0, 0
         while kept < len(self.train_groups) and end < done - 1e-12:
             end += self.train_groups[kept][2]
             kept += 1
+        return kept, end, done
+
+    def _train_boundary(self) -> float:
+        """`train_left` once the train slots are through the group in progress."""
+        _, end, done = self._group_in_progress()
+        return self.train_left - (end - done)
+
+    def _train_arrive(self) -> None:
+        """The train slots, past their time, reach a group boundary: they have arrived, as the loop's train
+        ranks do when they look at the round's end between two groups (RoundEnd.stop in _train). The last
+        to arrive, they see the round over and stop there; else they go on with the next group until
+        every slot has arrived."""
+        self.train_arrived, self.train_arrives_at = True, None
+        if self._all_arrived() and self.round_end == math.inf:  # the last to arrive: they stop here
+            self._cut_training()
+            self._end_round(self.now + self.rules.poll_s / 2)
+
+    def _cut_training(self) -> None:
+        """The round is over for the train slots: they finish the group in progress, and hand back the
+        groups after it."""
+        kept, end, done = self._group_in_progress()
         self.update.hand_back([group for group, _, _ in self.train_groups[kept:]])
         self.train_groups = self.train_groups[:kept]
         self.train_left = max(0.0, end - done)
+        self.train_arrives_at = None  # the round is over: they stop at that boundary
         self._retime(None)
 
     def _early_train(self) -> bool:
@@ -520,7 +544,7 @@ class Simulation:
             s.t, s.stepped, s.version = max(start, s.ready_at), False, s.version + 1
             s.halt = s.t + rnd.seconds if rnd.seconds is not None else math.inf
             s.stopped = s.arrived = s.role not in ENGINE_ROLES or not s.running
-        self.train_arrived = self.train_left == 0
+        self.train_arrived, self.train_arrives_at = self.train_left == 0, None
         if not self.train_arrived and rnd.seconds is not None:
             self._push(start + rnd.seconds, -2, 0)  # the train slots' time
         self._retime(None)
@@ -537,12 +561,15 @@ class Simulation:
                 if self.rules.step_on and self._all_arrived():
                     self._end_round(self.now + self.rules.poll_s / 2)
                 self._retime(None)
-            elif index == -2 and self.train_left > 0:  # past their time: on until every slot is past its own
-                self.train_arrived = True
+            elif index == -2 and self.train_left > 0:  # past their time: they arrive at the next group boundary
                 if not self.rules.step_on:
+                    self.train_arrived = True
                     self._cut_training()
-                elif self._all_arrived() and self.round_end == math.inf:
-                    self._end_round(self.now + self.rules.poll_s / 2)
+                else:
+                    self.train_arrives_at = self._train_boundary()
+                    self._retime(None)
+            elif index == -4 and version == self.train_version and self.train_arrives_at is not None:
+                self._train_arrive()
             elif index == -3 and self.train_left > 0:  # they see the round's end
                 self._cut_training()
             elif index >= 0 and version == self.slots[index].version:
@@ -677,6 +704,8 @@ class Simulation:
         if self.train_left > 0 and (shared or touched is None):
             self.train_share, self.train_version = share, self.train_version + 1
             self._push(self.now + self.train_left * share, -1, self.train_version)
+            if self.train_arrives_at is not None:
+                self._push(self.now + (self.train_left - self.train_arrives_at) * share, -4, self.train_version)
         for s in slots:
             step_s = share * self.model.engine_step_seconds(s.role, len(s.running), self._context(s.role, s.running))
             if s is not touched:
