@@ -50,6 +50,9 @@ CASES = {
     "short critiques": ("a judge that writes a fifth of the critique budget (paper: 4,096 tokens, not a "
                         "thinking judge's 20,480)", {"workload.max_critique_tokens": 0.2}, {}),
     "train 2x": ("training at twice the utilisation", {"{hw}.train_flops": 2.0}, {}),
+    "prefill intake": ("pivot's engines take new work only as far as they prefill it within the round; the rest "
+                       "waits at rank 0 for the planner and for slots that join the role (not in the loop)",
+                       {}, {"prefill_intake": True}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }

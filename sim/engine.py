@@ -29,8 +29,9 @@ empties), else `round_steps` times the median engine step seen in the step (and 
 `over_exchange` exchanges and `over_longest` of the longest recent steps), which slots that run empty
 after stepping (one in `empty_share`, one at least) cut short for every slot (the loop's RoundEnd
 counter in the launch's store, seen `poll_s` / 2 later on average). A slot past the limit with work in
-hand steps on until every slot has reached it; the train slots likewise, group by group, and hand back the
-groups they did not reach. A slot that has stopped waits for the others: the round ends with the last
+hand steps on until every slot has reached it; the train slots likewise, group by group (they reach it
+at the end of the group in progress, and stop there if they are the last), and hand back the groups
+they did not reach. A slot that has stopped waits for the others: the round ends with the last
 step or group in progress. Then the round's exchange with
 rank 0 costs what the cost model says, and only then does rank 0 learn what finished: responses join
 the judge's queue, judged groups become trainable.
@@ -64,12 +65,16 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
     --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
     the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
-    change, and two switches that turn its rules off:
+    change, two switches that turn its rules off, and one that adds a rule it lacks:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
                           them all only where the train group changes; a shift between engine roles
-                          holds the shifting slot alone, which takes work again at the next round)"""
+                          holds the shifting slot alone, which takes work again at the next round)
+      prefill_intake      pivot's engines take new work in a timed round only as far as they prefill it in
+                          the round (one request at least); the rest waits at rank 0, where the planner sees
+                          it and a slot that joins the role can take it (off, as the loop does: up to the
+                          engine's room)"""
     round_steps: int = book.ROUND_STEPS
     poll_s: float = book.POLL_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -78,6 +83,7 @@ class RoundRules:
     empty_share: float = book.EMPTY_SHARE
     step_on: bool = True
     shifts_stall_all: bool = False
+    prefill_intake: bool = False
 
 
 @dataclass(frozen=True)
@@ -380,7 +386,7 @@ class Simulation:
                 self.made = True
             roles, rnd = self._orders()
             self._apply(roles, grads=self._grads())
-            self._dispatch()
+            self._dispatch(rnd)
             self._hand_to_train()
             if self._round(rnd):
                 self.rounds += 1
@@ -462,7 +468,7 @@ class Simulation:
         if self.rules.shifts_stall_all or after and before != after:
             self._wait_until(max([self.now] + [s.ready_at for s in self.slots]), state="waiting")
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, rnd: Round) -> None:
         """Each engine role's queue shared among the slots holding it, evening out their loads up to each
         engine's room, in slot order from the queue's head (Step.dispatch); a slot still shifting takes
         its share too, as the loop's rank does before it shifts, and works on it once shifted. A slot's
@@ -470,10 +476,25 @@ class Simulation:
         for role in ENGINE_ROLES:
             held = [s for s in self.slots if s.role == role]
             takes = self.step.dispatch(role, [len(s.running) for s in held], self.model.max_seqs[role])
+            if self.rules.prefill_intake and self.placement == "pivot" and rnd.seconds is not None:
+                self._intake(role, takes, rnd.seconds)
             for slot, new in zip(held, takes):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
+
+    def _intake(self, role: str, takes: list[list[int]], seconds: float) -> None:
+        """RoundRules.prefill_intake: each slot keeps of its share what its engine prefills in `seconds`
+        (its first request whatever its size); the rest goes back to the head of the queue."""
+        speed = self.speeds.rollout if role == Role.ROLLOUT else self.speeds.judge
+        back = []
+        for i, new in enumerate(takes):
+            tokens = np.cumsum([self._context(role, [j]) for j in new])
+            keep = max(1, int(np.searchsorted(tokens, speed.prefill_per_s * seconds, side="right"))) if new else 0
+            back += new[keep:]
+            takes[i] = new[:keep]
+        self.step.phase[back] = 0 if role == Role.ROLLOUT else 2
+        book.requeue(self.step.queue[role], back)
 
     def _hand_to_train(self) -> None:
         """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot

@@ -93,9 +93,9 @@ class Replay(Simulation):
         """The round of the step whose record comes next, counted from 0 as the loop's trace holds them."""
         return f"round {self.count - len(self.recorded)}"
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, rnd: Round) -> None:
         before = [len(s.running) for s in self.slots]
-        super()._dispatch()
+        super()._dispatch(rnd)
         self.dispatched = [s.running[n:] for s, n in zip(self.slots, before)]
 
     def _round(self, rnd: Round) -> bool:

@@ -57,6 +57,30 @@ def test_pivot_migrates_trains_early_and_still_loses_nothing(cal):
     assert 0 < sim.step.handed.sum() < len(sim.step.handed)
 
 
+def test_prefill_intake_holds_work_at_rank_0_and_loses_nothing(cal):
+    """The what-if rule (RoundRules.prefill_intake): a pivot engine takes in a timed round no more new
+    work than it prefills in it, one request at least; every sample is still generated and judged once."""
+    rules = RoundRules(prefill_intake=True)
+    sim = Simulation(C.GpuModel(cal, "dense-8b-32b"), C.gpu_workload(cal, 8), 8, "pivot", rules=rules,
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=1))
+    taken, dispatch = [], sim._dispatch
+
+    def traced(rnd):
+        before = [list(s.running) for s in sim.slots]
+        dispatch(rnd)
+        for slot, was in zip(sim.slots, before):
+            new = [i for i in slot.running if i not in set(was)]
+            if new and rnd.seconds is not None:
+                speed = sim.speeds.rollout if slot.role == "rollout" else sim.speeds.judge
+                taken.append((sim._context(slot.role, new[:-1]), speed.prefill_per_s * rnd.seconds, len(new)))
+
+    sim._dispatch = traced
+    sim.run(1)
+    assert sim.step.judged == sim.step.n and (sim.step.cgen == sim.step.critique).all()
+    assert taken and all(before_last <= budget for before_last, budget, _ in taken)
+    assert any(n == 1 for *_, n in taken) and any(n > 1 for *_, n in taken)
+
+
 def test_the_clock_never_runs_backwards(cal):
     sim, result, pushes = run(cal, "pivot", steps=3)
     handled = [now for _, now in pushes]  # the clock whenever an event was being handled
