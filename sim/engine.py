@@ -520,11 +520,6 @@ class Simulation:
             kept += 1
         return kept, end, done
 
-    def _train_boundary(self) -> float:
-        """`train_left` once the train slots are through the group in progress."""
-        _, end, done = self._group_in_progress()
-        return self.train_left - (end - done)
-
     def _train_arrive(self) -> None:
         """The train slots, past their time, reach a group boundary: they have arrived, as the loop's train
         ranks do when they look at the round's end between two groups (RoundEnd.stop in _train). The last
@@ -586,8 +581,9 @@ class Simulation:
                 if not self.rules.step_on:
                     self.train_arrived = True
                     self._cut_training()
-                else:
-                    self.train_arrives_at = self._train_boundary()
+                else:  # `train_left` once through the group in progress; _retime schedules it
+                    _, end, done = self._group_in_progress()
+                    self.train_arrives_at = self.train_left - (end - done)
                     self._retime(None)
             elif index == -4 and version == self.train_version and self.train_arrives_at is not None:
                 self._train_arrive()

@@ -66,10 +66,10 @@ def test_prefill_intake_holds_work_at_rank_0_and_loses_nothing(cal):
     taken, dispatch = [], sim._dispatch
 
     def traced(rnd):
-        before = [list(s.running) for s in sim.slots]
+        before = [set(s.running) for s in sim.slots]
         dispatch(rnd)
         for slot, was in zip(sim.slots, before):
-            new = [i for i in slot.running if i not in set(was)]
+            new = [i for i in slot.running if i not in was]
             if new and rnd.seconds is not None:
                 speed = sim.speeds.rollout if slot.role == "rollout" else sim.speeds.judge
                 taken.append((sim._context(slot.role, new[:-1]), speed.prefill_per_s * rnd.seconds, len(new)))
