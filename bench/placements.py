@@ -18,9 +18,9 @@ Cost model (for `python -m sim --calibration cpu --measured PATH`): from the sam
 samples.jsonl and config.json it fits each engine role's step time, seconds = fixed + per_seq x batch,
 by least squares over the decode-only engine steps, the prefill rate from the steps that also took in
 requests, each role's training tokens/s per rank, the shift cost of each (from, to) pair (median of
-the runs' shift records), and keeps the lengths seen and the flags. Several ranks share few cores
-here: a step measured while k ranks stepped their engines on c cores is counted as max(1, k / c) times
-its uncontended time, the same law the simulator applies. Each run's machine-wide CPU busy fraction
+the shift records of every run, at every K), and keeps the lengths seen and the flags. Several ranks
+share few cores here: a step measured while k ranks worked on c cores (stepped their engines or
+trained) is counted as max(1, k / c) times its uncontended time, the same law the simulator applies. Each run's machine-wide CPU busy fraction
 (/proc/stat before and after) bounds what any placement can gain over colocated: 1 / its busy fraction.
 
 Rounds (for `python -m sim.replay PATH` and tests/unit/test_replay.py): every run goes with
@@ -85,10 +85,16 @@ def fit_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     return y - slope * x, slope
 
 
-def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
-    """What the simulator's CpuModel needs (sim/calibration.py CPU_MEASURED), from the runs' files,
-    each run's first step (the engines' warm-up) left out."""
+def cost_model(folders: list[Path], shifted: list[Path], nproc: int, cpus: int) -> dict:
+    """What the simulator's CpuModel needs (sim/calibration.py CPU_MEASURED), from the files of the
+    runs in `folders` (the on-policy ones) and, for the shifts, of those in `shifted` (every run: a
+    bounded-staleness run makes shifts an on-policy one does not), each run's first step (the engines'
+    warm-up) left out."""
     steps, samples, shifts, train, placed = [], [], {}, {}, {}
+    for folder in shifted:
+        for r in [r for r in read_jsonl(folder / "metrics.jsonl") if "samples_per_s" in r][1:]:
+            for shift in r["shifts"]:
+                shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
     for folder in folders:
         config = json.loads((folder / "config.json").read_text())
         records = [r for r in read_jsonl(folder / "metrics.jsonl") if "samples_per_s" in r][1:]
@@ -96,9 +102,6 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
         steps += records
         placed.setdefault(config["placement"], []).extend(records)
         samples += logged
-        for r in records:
-            for shift in r["shifts"]:
-                shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
         # Training: the tokens of the steps trained all at the end over the train ranks' busy seconds.
         # Nothing else runs during that update, so all `ranks` train ranks are busy together; a step
         # that trained early mixes train groups of other sizes, busy beside engines, and is left out.
@@ -133,7 +136,7 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
         out |= {f"{role}_step_s": fixed, f"{role}_per_seq_s": per_seq,
                 f"{role}_prefill_per_s": prefilled / extra if extra > 0 else None,
                 f"{role}_engine_steps": sum(row[2] for row in rows)}
-        # The contention law checked: mean measured step beside the fit x max(1, k / c), per k ranks stepping.
+        # The contention law checked: mean measured step beside the fit x max(1, k / c), per k ranks working.
         out[f"{role}_by_busy_ranks"] = {}
         for k in sorted({row[0] for row in rows}):
             level = [row for row in rows if row[0] == k]
@@ -226,13 +229,14 @@ def main():
     cpus = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.out or tmp)
-        folders = []  # the on-policy runs, which the simulator's cost model is fitted on
+        folders, every = [], []  # the on-policy runs, which the simulator's cost model is fitted on; all runs
         rounds = {}  # each run's rounds, as its rank 0 read and ordered them (first repeat): sim/replay.py
         for repeat in range(args.repeats):
             for placement, k in configs:
                 name = label(placement, k)
                 folder = runs / f"{placement}-k{k}-{repeat}"
                 records, cpu_busy = run(placement, k, args, extra, folder)
+                every.append(folder)
                 if k == 0:
                     folders.append(folder)
                 if repeat == 0:
@@ -241,7 +245,7 @@ def main():
                 r = results[name][-1]
                 print(f"repeat {repeat} {name:16s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
                       f"{r['steps_cpu_busy']:.0%} in its steps, {cpu_busy:.0%} over the run", flush=True)
-        model = cost_model(folders, args.nproc, cpus) if folders else {}
+        model = cost_model(folders, every, args.nproc, cpus) if folders else {}
 
     table = {}
     for placement, runs in results.items():
@@ -304,11 +308,11 @@ def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
 
 
 def print_cost_model(model: dict, cpus: int) -> None:
-    print(f"\ncost model ({cpus} cores; seconds uncontended, i.e. measured / max(1, ranks stepping / cores))")
+    print(f"\ncost model ({cpus} cores; seconds uncontended, i.e. measured / max(1, ranks working / cores))")
     for role in (Role.ROLLOUT, Role.JUDGE):
         print(f"  {role:8s} engine step {model[f'{role}_step_s'] * 1e3:.2f} ms + "
               f"{model[f'{role}_per_seq_s'] * 1e3:.3f} ms/seq over {model[f'{role}_engine_steps']} steps, "
-              f"prefill {model[f'{role}_prefill_per_s'] or 0:.0f} tokens/s; by ranks stepping: " + ", ".join(
+              f"prefill {model[f'{role}_prefill_per_s'] or 0:.0f} tokens/s; by ranks working: " + ", ".join(
                   f"{k}: {v['measured_s'] * 1e3:.1f} ms measured, {v['predicted_s'] * 1e3:.1f} fitted"
                   for k, v in model[f"{role}_by_busy_ranks"].items()))
     print("  train    " + ", ".join(f"{n} rank(s) {v:.0f}" for n, v in model["train_tokens_per_s_by_ranks"].items())

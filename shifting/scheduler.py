@@ -222,8 +222,9 @@ class StepQueues:
         self.judge_runs = 0  # judge requests completed, retries excluded
         self.migrated = 0  # sequences exported by a shift and queued again
         self.reports: list[Report] = []  # the last round's, in rank order
-        # Engine steps per role, keyed (ranks that stepped an engine in the same round, batch, prefill or
-        # not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is fitted on.
+        # Engine steps per role, keyed (ranks that worked in the same round: stepped an engine or trained,
+        # batch, prefill or not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is
+        # fitted on (on shared cores, a training rank slows the engines beside it as another engine does).
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
         self.round_steps, self.recent_steps = round_steps, book.RecentSteps(ranks)
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
@@ -327,6 +328,7 @@ class StepQueues:
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
         stepped = [r for r in reports if r.engine_steps]
+        busy = sum(bool(r.engine_steps or r.train_s) for r in reports)
         worked = [r.work_s for r in reports if r.engine_steps or r.trained or r.shifts]
         if worked:
             self.rounds += 1
@@ -335,7 +337,7 @@ class StepQueues:
         self.shift_s += max((r.shift_s for r in reports if r.shifts), default=0.0)
         for r in stepped:
             for batch, seconds, prefill in r.engine_steps:
-                row = self.engine_steps[r.role].setdefault((len(stepped), batch, prefill > 0), [0, 0.0, 0])
+                row = self.engine_steps[r.role].setdefault((busy, batch, prefill > 0), [0, 0.0, 0])
                 row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
                 self.recent_steps.add(seconds)
         for report in reports:

@@ -334,9 +334,9 @@ class CpuModel(CostModel):
         self.prefill_per_s = {r: measured[f"{r}_prefill_per_s"] for r in (Role.ROLLOUT, Role.JUDGE)}
         self.max_seqs = {r: int(measured["max_seqs"]) for r in (Role.ROLLOUT, Role.JUDGE)}
         self.prefill_chunk_tokens = int(value(cal, "cpu.max_num_batched_tokens"))
-        # Shift costs measured in the same runs win over bench/shift_latency.py's.
+        # Shift costs measured in the same runs win over bench/shift_latency.py's (shift_seconds).
         self.shift = {tuple(pair.split("->")): value(cal, f"cpu.shift_s.{pair}") for pair in cal["cpu"]["shift_s"]}
-        self.shift |= {tuple(pair.split("->")): s for pair, s in measured.get("shift_s", {}).items()}
+        self.measured_shift = {tuple(pair.split("->")): s for pair, s in measured.get("shift_s", {}).items()}
 
     def engine_step_seconds(self, role: str, batch: int, context: float) -> float:
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
@@ -368,18 +368,29 @@ class CpuModel(CostModel):
         return exchange[placement] + plan[placement]
 
     def shift_seconds(self, src: str, dst: str, train_slots: int, grads: bool) -> float:
-        """As measured (with whatever gradients the runs' shifts carried). Where a bench JSON lacks a record
-        of a rank that keeps its role, the nearest measured shift: a disaggregated rollout rank reloading
-        the new weights as a shift into rollout (which loads them too); a train rank resharding into a
-        new group as the dearest shift into train (which builds the group's trainer and loads its rows)."""
-        if (src, dst) not in self.shift and src == dst == Role.ROLLOUT:
-            return self.shift[(Role.TRAIN, Role.ROLLOUT)]
-        if (src, dst) not in self.shift and src == dst == Role.TRAIN:
-            return max(cost for (a, b), cost in self.shift.items() if b == Role.TRAIN)
-        return self.shift[(src, dst)]
+        """As measured (with whatever gradients the runs' shifts carried). A pair the bench's runs did not
+        make costs as the dearest measured shift of its kind, the runs' own model and flags: into train
+        (the rank builds the group's trainer and loads its rows), out of train (it saves the training
+        state and loads the engine's weights), between the engines, or a rank that keeps its role (a
+        disaggregated rollout rank reloading the new weights, as a shift out of train loads them; a
+        train rank resharding into a new group, as a shift into train). Only where the runs made no
+        shift of that kind, bench/shift_latency.py's figures in calibration.json, in the same way."""
+        for costs in (self.measured_shift, self.shift):
+            if (src, dst) in costs:
+                return costs[(src, dst)]
+            same = [cost for pair, cost in costs.items() if _shift_kind(*pair) == _shift_kind(src, dst)]
+            if same:
+                return max(same)
+        raise CalibrationError(f"no shift {src}->{dst} nor one of its kind measured or in calibration.json")
 
     def publish_seconds(self, train_slots: int) -> float:
         return 0.0  # inside the measured training time (the train span covers train_step and publish)
+
+
+def _shift_kind(src: str, dst: str) -> str:
+    if dst == Role.TRAIN:
+        return "into train"
+    return "out of train" if src == Role.TRAIN or src == dst == Role.ROLLOUT else "between engines"
 
 
 def cpu_workload(measured: dict) -> Workload:

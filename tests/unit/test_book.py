@@ -121,3 +121,16 @@ def test_the_loop_and_the_simulator_choose_colocated_roles_by_the_book(asked):
     Simulation(model, C.gpu_workload(cal, 2), 4, "colocated",
                config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)).run(1)
     assert {who for who, name, _, _ in asked if name == "colocated_role"} == {"shifting.scheduler", "sim.engine"}
+
+
+def test_a_training_rank_counts_among_the_ranks_working_beside_an_engine_step():
+    """The engine-step rows the CPU cost model is fitted on (bench/placements.py) key each step by the ranks
+    that worked in its round: on shared cores a rank training early slows the engines as one stepping does,
+    and the simulator's contention counts its train slots so (Simulation._busy)."""
+    sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
+    queues = StepQueues([{"prompt": "1+1=", "prompt_ids": [3, 4]}], step=0, sampling=sampling)
+    queues.ingest([Report("judge", engine_steps=[(8, 0.02, 0)]), Report("train", train_s=0.5), Report("rollout")],
+                  round_s=0.6)
+    queues.ingest([Report("judge", engine_steps=[(8, 0.01, 0)]), Report("judge", engine_steps=[(4, 0.01, 0)])],
+                  round_s=0.3)
+    assert queues.engine_metrics()["engine_steps"]["judge"] == [[2, 4, 1, 0.01, 0], [2, 8, 2, 0.03, 0]]

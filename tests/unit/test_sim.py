@@ -224,6 +224,21 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     assert r["placements"]["colocated@0"]["rounds"] == 2 * 4
 
 
+def test_a_shift_the_bench_did_not_make_costs_as_the_dearest_measured_one_of_its_kind(cal):
+    """Not a figure measured on another model (bench/shift_latency.py's), while the runs measured a shift
+    that does the same work on theirs."""
+    measured = json.loads(BENCH_JSON.read_text())
+    measured["shift_s"] = {"rollout->judge": 0.001, "judge->train": 0.05, "train->rollout": 0.2, "train->judge": 0.3}
+    model = C.CpuModel(cal, measured)
+    assert model.shift_seconds("rollout", "train", 1, False) == 0.05  # into train
+    assert model.shift_seconds("train", "train", 2, True) == 0.05
+    assert model.shift_seconds("rollout", "rollout", 1, False) == 0.3  # out of train: the weights loaded
+    assert model.shift_seconds("judge", "rollout", 1, False) == 0.001  # between the engines
+    measured["shift_s"] = {"judge->train": 0.05}
+    model = C.CpuModel(cal, measured)  # no shift out of train measured: calibration.json's dearest
+    assert model.shift_seconds("rollout", "rollout", 1, False) == C.value(cal, "cpu.shift_s.train->rollout")
+
+
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
 def test_phases_and_slot_states_account_for_the_run(cal, placement):
     sim, result, _ = run(cal, placement, slots=8)
