@@ -161,6 +161,7 @@ class Step:
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
         self.generated = self.judged = 0  # of its own samples
         self.recent_steps = book.RecentSteps(slots)  # the step's last engine steps, as StepQueues keeps them
+        self.exchange_s = 0.0  # its last exchange's seconds (StepQueues.exchange_s): none before its first
         self.ahead: Step | None = None  # the next step, begun during this one (`extend`)
 
     ARRAYS = ("length", "critique", "gen", "cgen", "phase")
@@ -438,10 +439,9 @@ class Simulation:
         """Rank 0's orders (the loop's Placement.next_roles): every slot's role from now on, and how long the
         round lasts."""
         roles, step = [s.role for s in self.slots], self.step
-        exchange = self.model.exchange_seconds(self.placement, len(self.slots))
         rules, median = self.rules, step.recent_steps.median()
         median = rules.first_engine_step_s if median is None else median
-        timed = Round(book.round_seconds(rules.round_steps, median, step.recent_steps.longest(), exchange,
+        timed = Round(book.round_seconds(rules.round_steps, median, step.recent_steps.longest(), step.exchange_s,
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_roles
             rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
@@ -600,6 +600,8 @@ class Simulation:
         """Every slot reports to rank 0 and waits for its orders: the round's exchange and rank 0's choice of
         roles."""
         end = self.now + self.model.exchange_seconds(self.placement, len(self.slots))
+        if self.step is not None:
+            self.step.exchange_s = end - self.now
         self._account(end, state="exchange")
         self.now = end
 

@@ -173,14 +173,17 @@ def test_slots_sharing_cores_slow_each_other_down():
 
 def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange():
     """As shifting/scheduler.py colocated_roles orders them: with prompts queued the first rollout round is
-    timed (25 x the first-step guess of 2 ms: one engine step each), then one round until every engine has
-    run empty; the judge's round is timed at 25 x the median step seen (1 s), which outlasts its critiques."""
+    timed (25 x the first-step guess of 2 ms, no exchange timed yet in the step: StepQueues.exchange_s),
+    then one round until every engine has run empty; the judge's round is timed at 25 x the median step
+    seen (1 s), which outlasts its critiques. In the first round both slots pass the limit with their first
+    step, at 1 s: the first to arrive steps on, the last stops there and waits 1 s for that step."""
     r = two_slots(StepModel(exchange_s=0.5))
     assert r.rounds == 3
-    assert r.seconds == pytest.approx(20 + 5 + 3 * 0.5)
+    assert r.seconds == pytest.approx(1 + 20 + 5 + 3 * 0.5)
     assert r.slot_seconds["exchange"] == pytest.approx(2 * 3 * 0.5)
-    # The slot whose response ended at 10 s idles until the other's does, at 20 s.
-    assert r.slot_seconds["rollout idle"] == pytest.approx(10)
+    assert r.slot_seconds["waiting"] == pytest.approx(1)
+    # The slot whose response ended at 10.5 s idles until the other's does, at 21.5 s.
+    assert r.slot_seconds["rollout idle"] == pytest.approx(11)
 
 
 def test_a_slot_past_the_round_limit_waits_for_a_long_step():
