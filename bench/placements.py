@@ -18,10 +18,11 @@ Cost model (for `python -m sim --calibration cpu --measured PATH`): from the sam
 samples.jsonl and config.json it fits each engine role's step time, seconds = fixed + per_seq x batch,
 by least squares over the decode-only engine steps, the prefill rate from the steps that also took in
 requests, each role's training tokens/s per rank, the shift cost of each (from, to) pair (median of
-the shift records of every run, at every K), and keeps the lengths seen and the flags. Several ranks
-share few cores here: a step measured while k ranks worked on c cores (stepped their engines or
-trained) is counted as max(1, k / c) times its uncontended time, the same law the simulator applies. Each run's machine-wide CPU busy fraction
-(/proc/stat before and after) bounds what any placement can gain over colocated: 1 / its busy fraction.
+the shift records of every run, at every K; the rest from the runs at K = 0), and keeps the lengths
+seen and the flags. Several ranks share few cores here: a step measured while k ranks worked on c
+cores (stepped their engines or trained) is counted as max(1, k / c) times its uncontended time, the
+same law the simulator applies. Each run's machine-wide CPU busy fraction (/proc/stat before and
+after) bounds what any placement can gain over colocated: 1 / its busy fraction.
 
 Rounds (for `python -m sim.replay PATH` and tests/unit/test_replay.py): every run goes with
 --trace-rounds, and the JSON keeps each run's rounds.jsonl from the first repeat under `rounds`.
@@ -85,19 +86,19 @@ def fit_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     return y - slope * x, slope
 
 
-def cost_model(folders: list[Path], shifted: list[Path], nproc: int, cpus: int) -> dict:
-    """What the simulator's CpuModel needs (sim/calibration.py CPU_MEASURED), from the files of the
-    runs in `folders` (the on-policy ones) and, for the shifts, of those in `shifted` (every run: a
-    bounded-staleness run makes shifts an on-policy one does not), each run's first step (the engines'
-    warm-up) left out."""
+def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
+    """What the simulator's CpuModel needs (sim/calibration.py CPU_MEASURED), from the runs' files, each
+    run's first step (the engines' warm-up) left out: the shifts from every run (a bounded-staleness run
+    makes shifts an on-policy one does not), the rest from the on-policy runs."""
     steps, samples, shifts, train, placed = [], [], {}, {}, {}
-    for folder in shifted:
-        for r in [r for r in read_jsonl(folder / "metrics.jsonl") if "samples_per_s" in r][1:]:
-            for shift in r["shifts"]:
-                shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
     for folder in folders:
         config = json.loads((folder / "config.json").read_text())
         records = [r for r in read_jsonl(folder / "metrics.jsonl") if "samples_per_s" in r][1:]
+        for r in records:
+            for shift in r["shifts"]:
+                shifts.setdefault(f"{shift['from']}->{shift['to']}", []).append(shift["seconds"])
+        if config["max_staleness"]:
+            continue
         logged = [s for s in read_jsonl(folder / "samples.jsonl") if s["step"] in {r["step"] for r in records}]
         steps += records
         placed.setdefault(config["placement"], []).extend(records)
@@ -229,23 +230,21 @@ def main():
     cpus = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.out or tmp)
-        folders, every = [], []  # the on-policy runs, which the simulator's cost model is fitted on; all runs
+        folders = []  # every run, which the simulator's cost model is fitted on
         rounds = {}  # each run's rounds, as its rank 0 read and ordered them (first repeat): sim/replay.py
         for repeat in range(args.repeats):
             for placement, k in configs:
                 name = label(placement, k)
                 folder = runs / f"{placement}-k{k}-{repeat}"
                 records, cpu_busy = run(placement, k, args, extra, folder)
-                every.append(folder)
-                if k == 0:
-                    folders.append(folder)
+                folders.append(folder)
                 if repeat == 0:
                     rounds[name] = read_jsonl(folder / "rounds.jsonl")
                 results[name].append(summarise(records, args.nproc, k, max(bounds)) | {"cpu_busy": cpu_busy})
                 r = results[name][-1]
                 print(f"repeat {repeat} {name:16s} {r['samples_per_s']:7.1f} samples/s, CPU busy "
                       f"{r['steps_cpu_busy']:.0%} in its steps, {cpu_busy:.0%} over the run", flush=True)
-        model = cost_model(folders, every, args.nproc, cpus) if folders else {}
+        model = cost_model(folders, args.nproc, cpus) if 0 in bounds else {}  # fitted on the runs at K = 0
 
     table = {}
     for placement, runs in results.items():

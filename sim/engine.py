@@ -441,8 +441,9 @@ class Simulation:
         roles, step = [s.role for s in self.slots], self.step
         rules, median = self.rules, step.recent_steps.median()
         median = rules.first_engine_step_s if median is None else median
-        timed = Round(book.round_seconds(rules.round_steps, median, step.recent_steps.longest(), step.exchange_s,
-                                         over_exchange=rules.over_exchange, over_longest=rules.over_longest), early=True)
+        seconds = book.round_seconds(rules.round_steps, median, step.recent_steps.longest(), step.exchange_s,
+                                     over_exchange=rules.over_exchange, over_longest=rules.over_longest)
+        timed = Round(seconds, early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_roles
             rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
             judging = step.queue[Role.JUDGE] or any(s.running for s in self.slots if s.role == Role.JUDGE)
