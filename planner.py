@@ -497,7 +497,7 @@ class LoopPlanner:
     def work(self, queues) -> Work:
         running = [(rep.role, g) for rep in queues.reports for g in rep.generated]
         rolling = ([g for role, g in running if role == Role.ROLLOUT]
-                   + [len(r.generated) for r in queues.queue[Role.ROLLOUT]])
+                   + [len(r.generated) for r in queues.queued(Role.ROLLOUT)])
         prompt = sum(len(p["prompt_ids"]) for p in queues.prompts) / len(queues.prompts)
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
@@ -505,9 +505,9 @@ class LoopPlanner:
         coming = len(rolling) if queues.train_pool is None else 0
         return step_work(
             rolling=rolling, judging=[g for role, g in running if role == Role.JUDGE],
-            rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queue[Role.ROLLOUT]),
-            judge_waiting=len(queues.queue[Role.JUDGE]),
-            judge_prefill=sum(len(r.prompt_ids) for r in queues.queue[Role.JUDGE]),
+            rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queued(Role.ROLLOUT)),
+            judge_waiting=len(queues.queued(Role.JUDGE)),
+            judge_prefill=sum(len(r.prompt_ids) for r in queues.queued(Role.JUDGE)),
             judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready,
             train_tokens=done_tokens + coming * (prompt + self.lengths.mean()), early_train=queues.early_train,
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)

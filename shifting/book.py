@@ -3,12 +3,18 @@ simulator (sim/engine.py) both follow: how long a round lasts (from the step's r
 when it ends early, how a role's queue is shared among its engines, where exported work goes back in
 it, colocated's role, and at --max-staleness K > 0 when the update is made and published during the step
 and which step begins ahead of it (the partial rollout). Pure: no torch, no engines, no clocks,
-so the simulator imports it as it is."""
+so the simulator imports it as it is.
+
+`Book` is the one step's bookkeeping both keep: the loop's rank 0 (StepQueues in shifting/scheduler.py,
+which holds the requests and samples behind its numbers) and the simulator (sim/engine.py Step, which holds
+their drawn lengths) read their reports into it and take their orders' work and hand-outs from it."""
 import heapq
 import math
 from collections import deque
 
-from roles import Role
+import numpy as np
+
+from roles import ENGINE_ROLES, Role
 
 ROUND_STEPS = 25  # --round-steps: a timed round lasts this many engine steps' worth of time, at the median step
 FIRST_ENGINE_STEP_S = 0.002  # the engine step's seconds assumed before the RL step has measured one
@@ -58,12 +64,12 @@ class RecentSteps:
 
 def round_seconds(round_steps: int, median_engine_step_s: float | None, longest_engine_step_s: float,
                   exchange_s: float, *, over_exchange: float = ROUND_OVER_EXCHANGE,
-                  over_longest: float = ROUND_OVER_LONGEST) -> float:
+                  over_longest: float = ROUND_OVER_LONGEST, first_engine_step_s: float = FIRST_ENGINE_STEP_S) -> float:
     """A timed round's length: `round_steps` engine steps at the median of the recent ones
-    (FIRST_ENGINE_STEP_S before any), and at least `over_exchange` times the last exchange with rank 0
+    (`first_engine_step_s` before any), and at least `over_exchange` times the last exchange with rank 0
     (many ranks exchange slower than few) and `over_longest` times the longest recent engine step. The
     loop uses the defaults; the simulator's what-if runs may change them."""
-    engine_step_s = FIRST_ENGINE_STEP_S if median_engine_step_s is None else median_engine_step_s
+    engine_step_s = first_engine_step_s if median_engine_step_s is None else median_engine_step_s
     return max(round_steps * engine_step_s, over_exchange * exchange_s, over_longest * longest_engine_step_s)
 
 
@@ -126,3 +132,174 @@ def colocated_role(role: str, rollout_left: bool, judging: bool) -> str:
     judge has work queued or in flight (`judging`), so that prompts admitted meanwhile (--filter-groups)
     wait for it: one switch back, not one a round."""
     return Role.ROLLOUT if rollout_left and not (role == Role.JUDGE and judging) else Role.JUDGE
+
+
+# A sample's phase in the book: queued for rollout, rolling out, its response queued for the judge, being
+# judged, judged.
+QUEUED, ROLLING, RESPONDED, JUDGING, JUDGED = range(5)
+IN_FLIGHT = {Role.ROLLOUT: ROLLING, Role.JUDGE: JUDGING}
+
+
+class Book:
+    """One step's scheduling book: where each of its samples is (`phase`), each engine role's queue, the
+    groups' verdicts still to come, the groups handed to the train ranks and those left out, and the step's
+    recent engine steps and last exchange, which time its rounds. Samples are numbered prompt x G + sample;
+    once the next step begins during this one (`extend`) its samples follow this step's `n` in every array
+    and queue, until the step ends and `carry` takes them out again. `admitted`: the samples queued at once
+    (--filter-groups admits the others group by group, `drop`); all of them by default."""
+
+    SAMPLE_ARRAYS = ("phase",)  # per sample, what `extend` joins and `carry` splits (a subclass adds its own)
+    GROUP_ARRAYS = ("group_left", "trained", "dropped")
+
+    def __init__(self, samples: int, group_size: int, *, ranks: int = 1, admitted: int | None = None):
+        self.n, self.group_size = samples, group_size
+        admitted = samples if admitted is None else admitted
+        self.phase = np.full(samples, QUEUED, dtype=np.int8)
+        self.queue = {Role.ROLLOUT: deque(range(admitted)), Role.JUDGE: deque()}
+        self.held = deque(range(admitted, samples))  # not admitted yet, in order
+        self.expected = admitted  # samples the step judges: it is done once it has judged them
+        groups = samples // group_size
+        self.group_left = np.full(groups, group_size, dtype=np.int64)  # verdicts each group still waits for
+        self.trained = np.zeros(groups, dtype=bool)  # by the train ranks, into the update
+        self.dropped = np.zeros(groups, dtype=bool)  # left out of the update
+        self.generated = self.judged = 0  # of its own samples
+        self.recent_steps = RecentSteps(ranks)
+        self.exchange_s = 0.0  # the step's last exchange with rank 0: none before its first
+        self.ahead: Book | None = None  # the next step, begun during this one
+
+    @classmethod
+    def judged_pool(cls, groups: list[int], group_size: int) -> "Book":
+        """The book of an update's groups judged in an earlier step (--max-staleness K > 0): every sample
+        judged; the prompts of that step not among `groups` are left out."""
+        pool = cls((max(groups, default=-1) + 1) * group_size, group_size)
+        pool.phase[:], pool.group_left[:], pool.dropped[:] = JUDGED, 0, True
+        pool.dropped[groups] = False
+        pool.queue[Role.ROLLOUT].clear()
+        pool.generated = pool.judged = pool.expected = len(groups) * group_size
+        return pool
+
+    def _own(self, i: int) -> "Book":
+        """The book that counts sample i: this step's, or the next step's, begun during it."""
+        return self if i < self.n else self.ahead
+
+    # -- reports ------------------------------------------------------------------------------------
+
+    def respond(self, i: int) -> None:
+        """Sample i's response finished: it is queued for the judge."""
+        assert self.phase[i] == ROLLING, f"sample {i} generated twice"
+        self.phase[i] = RESPONDED
+        self._own(i).generated += 1
+        self.queue[Role.JUDGE].append(i)
+
+    def judge(self, i: int) -> bool:
+        """Sample i's verdict came in: whether it completes its group."""
+        assert self.phase[i] == JUDGING, f"sample {i} judged twice"
+        self.phase[i] = JUDGED
+        self._own(i).judged += 1
+        group = i // self.group_size
+        self.group_left[group] -= 1
+        return self.group_left[group] == 0
+
+    def retry(self, i: int) -> None:
+        """Sample i's critique is to be written again (--on-parse-failure retry): it queues for the judge anew."""
+        assert self.phase[i] == JUDGING, f"sample {i} is not being judged"
+        self.phase[i] = RESPONDED
+        self.queue[Role.JUDGE].append(i)
+
+    def requeue(self, exported: list[int]) -> None:
+        """Samples an engine exported (a shift, or the step's end) go back to the head of their queue, in
+        the order exported (`requeue`): a response not finished to rollout's, a critique to the judge's."""
+        for i in exported:
+            assert self.phase[i] in (ROLLING, JUDGING), f"sample {i} exported while not in flight"
+            self.phase[i] -= 1
+        for role in ENGINE_ROLES:
+            requeue(self.queue[role], [i for i in exported if self.phase[i] == IN_FLIGHT[role] - 1])
+
+    def ingest(self, finished: list[int], exported: list[int]) -> list[int]:
+        """One rank's report, read in rank order: its finished responses join the judge's queue, its
+        verdicts complete groups, and what it exported goes back to the head of its queue. Returns the
+        groups its verdicts completed."""
+        complete = []
+        for i in finished:
+            if self.phase[i] == ROLLING:
+                self.respond(i)
+            elif self.judge(i):
+                complete.append(i // self.group_size)
+        self.requeue(exported)
+        return complete
+
+    def drop(self, group: int) -> list[int]:
+        """--filter-groups: a group judged with equal rewards leaves the update, and the next group held,
+        if any, is admitted in its place (queued for rollout now). Returns the samples admitted."""
+        assert self.group_left[group] == 0 and not self.trained[group], f"group {group} left out unjudged or trained"
+        self.dropped[group] = True
+        admitted = [self.held.popleft() for _ in range(min(self.group_size, len(self.held)))]
+        self.queue[Role.ROLLOUT].extend(admitted)
+        self.expected += len(admitted)
+        return admitted
+
+    # -- orders -------------------------------------------------------------------------------------
+
+    def dispatch(self, role: str, in_flight: list[int], capacity: int) -> list[list[int]]:
+        """The role's queue shared among the ranks holding it, given what each runs (`shares`), in rank
+        order from the queue's head."""
+        queue, work = self.queue[role], []
+        for take in shares(len(queue), in_flight, capacity):
+            work.append([queue.popleft() for _ in range(take)])
+            self.phase[work[-1]] = IN_FLIGHT[role]
+        return work
+
+    def ready(self) -> list[int]:
+        """Early training: the update's groups judged, not left out, and not trained, in prompt order. The
+        train ranks are handed them all at a round's start, work through them one at a time until the
+        round ends, and report those they reached (`train`); the others are handed out again."""
+        own = self.n // self.group_size  # the groups of the next step, begun during this one, follow
+        return np.flatnonzero((self.group_left[:own] == 0) & ~self.trained[:own] & ~self.dropped[:own]).tolist()
+
+    def train(self, groups: list[int]) -> None:
+        """The train ranks trained `groups` in the round just ended."""
+        assert not self.trained[groups].any(), f"groups {groups} trained twice"
+        self.trained[groups] = True
+
+    def through(self) -> bool:
+        """Whether the train ranks have trained every group of the update, or it was left out."""
+        own = self.n // self.group_size
+        return bool((self.dropped[:own] | self.trained[:own]).all())
+
+    def round_seconds(self, round_steps: int, **rules) -> float:
+        """The next timed round's length (`round_seconds`), from the step's recent engine steps and its last
+        exchange."""
+        return round_seconds(round_steps, self.recent_steps.median(), self.recent_steps.longest(),
+                             self.exchange_s, **rules)
+
+    def done(self) -> bool:
+        """Every sample the step admitted is judged."""
+        return self.judged == self.expected
+
+    def judging_left(self) -> bool:
+        """Verdicts still to come, of this step or of the next, begun during it."""
+        return not self.done() or (self.ahead is not None and not self.ahead.done())
+
+    # -- the next step, begun during this one ---------------------------------------------------------
+
+    def extend(self, ahead: "Book") -> None:
+        """The next step's samples join this step's arrays, after its own `n`, and its rollout queue behind
+        what is queued (the update published during this step); `carry` takes them out again."""
+        self.ahead = ahead
+        for name in self.SAMPLE_ARRAYS + self.GROUP_ARRAYS:
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(ahead, name)]))
+        self.queue[Role.ROLLOUT].extend(i + self.n for i in ahead.queue[Role.ROLLOUT])
+
+    def carry(self, exported: list[int]) -> "Book":
+        """As the step ends (every own sample judged): the next step's book, with what of it is done, its
+        queues and, first in them, the sequences the engines export now."""
+        ahead, n, groups = self.ahead, self.n, self.n // self.group_size
+        assert all(i >= n for queue in self.queue.values() for i in queue), "a request of the ending step is left"
+        for name in self.SAMPLE_ARRAYS + self.GROUP_ARRAYS:
+            whole, cut = getattr(self, name), n if name in self.SAMPLE_ARRAYS else groups
+            setattr(ahead, name, whole[cut:].copy())
+            setattr(self, name, whole[:cut])
+        ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
+        ahead.requeue([i - n for i in exported])
+        self.ahead = None
+        return ahead

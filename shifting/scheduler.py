@@ -189,8 +189,10 @@ class Orders:
 
 
 class StepQueues:
-    """Rank 0's view of one step: queued requests per role, samples, and which are judged. The ranks
-    that finish requests turn them into samples and verdicts (tokenizers run there, side by side)."""
+    """Rank 0's view of one step: its scheduling book (book.Book, which the simulator keeps too: phases,
+    queues, groups, hand-outs, by sample number), the request behind each number queued or in flight, and
+    the samples. The ranks that finish requests turn them into samples and verdicts (tokenizers run there,
+    side by side)."""
 
     def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1,
                  ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
@@ -210,13 +212,12 @@ class StepQueues:
             max_tokens=sampling.max_response_tokens, lengths=longtail.lengths(
                 sampling.workload, sampling.seed, longtail.RESPONSE, sampling.max_response_tokens))
         admitted = len(prompts) if filter_groups is None else min(filter_groups, len(prompts))
-        self.queue = {Role.ROLLOUT: deque(requests[:admitted * self.group_size]), Role.JUDGE: deque()}
-        self.held = deque(requests[admitted * self.group_size:])  # the prompts not admitted yet, in order
+        self.ranks = ranks
+        self.book = book.Book(len(requests), self.group_size, ranks=ranks, admitted=admitted * self.group_size)
+        self.requests = dict(enumerate(requests))  # by sample number: the request queued or in flight for it
         self.filter_groups = filter_groups is not None
         self.dropped: list[int] = []  # groups left out of the update (prompt indices), as they were judged
-        self.expected = len(self.queue[Role.ROLLOUT])
         self.samples: dict[tuple[int, int], Sample] = {}
-        self.judged: set[tuple[int, int]] = set()
         self.in_flight = dict.fromkeys(ENGINE_ROLES, 0)
         self.parse_failures = 0
         self.judge_runs = 0  # judge requests completed, retries excluded
@@ -226,10 +227,9 @@ class StepQueues:
         # batch, prefill or not) -> [steps, seconds, prefill tokens]: what a cost model of the engines is
         # fitted on (on shared cores, a training rank slows the engines beside it as another engine does).
         self.engine_steps = {role: {} for role in ENGINE_ROLES}
-        self.round_steps, self.recent_steps = round_steps, book.RecentSteps(ranks)
+        self.round_steps = round_steps
         self.rounds, self.rounds_work_s = 0, 0.0  # rounds, and the busiest rank's work seconds in each summed
         self.round_s = 0.0  # the last round's seconds, as rank 0 saw them
-        self.exchange_s = 0.0  # the last exchange's seconds, as rank 0 saw them
         self.next_roles_s = 0.0  # rank 0's seconds in next_roles (the metrics' plan_s), which every rank waits for
         self.shifts: list[dict] = []  # made while rolling out and judging, round by round in rank order
         self.shift_s = 0.0  # their seconds: the longest of each round, summed
@@ -240,6 +240,9 @@ class StepQueues:
         # The scored samples of an earlier step that this step's update trains on (--max-staleness > 0),
         # by key; None: this step's own.
         self.train_pool = None if train_pool is None else {s.key: s for s in train_pool}
+        # The book the update's groups are handed out from: this step's, or the train pool's.
+        self.update_book = self.book if train_pool is None else book.Book.judged_pool(
+            sorted({p for p, _ in self.train_pool}), self.group_size)
         self.trained: list[int] = []
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
@@ -261,11 +264,22 @@ class StepQueues:
             self._take_over(carried)
 
     def _take_over(self, carried: "StepQueues") -> None:
-        """This step's work that the step before began (its `ahead`): its samples, verdicts and counts, and
-        its requests not finished, queued or exported from the engines as that step ended."""
+        """This step's work that the step before began (its `ahead`): its book, samples and counts, and its
+        requests not finished, queued or exported from the engines as that step ended."""
         assert carried.step == self.step and carried.prompts == self.prompts, "the carried step is not this one"
-        self.queue, self.samples, self.judged = carried.queue, carried.samples, carried.judged
+        self.book, self.requests, self.samples = carried.book, carried.requests, carried.samples
+        if self.train_pool is None:
+            self.update_book = self.book
         self.judge_runs, self.parse_failures, self.migrated = carried.judge_runs, carried.parse_failures, carried.migrated
+
+    def number(self, request: Request | Verdict) -> int:
+        """A request's or a verdict's sample number in the book: prompt x G + sample within its step, the
+        next step's after this step's own."""
+        return self.sample_id(request.step, request.key)
+
+    def queued(self, role: str) -> list[Request]:
+        """The requests in the role's queue, from its head."""
+        return [self.requests[i] for i in self.book.queue[role]]
 
     def _of(self, step: int) -> "StepQueues":
         """The queues that keep step `step`'s samples: this step's, or the next step's, begun during it."""
@@ -281,12 +295,13 @@ class StepQueues:
 
     def publish(self) -> int:
         """The update goes out at this round's start: the version published, and the next step's prompts
-        (their requests behind this step's) join the queue."""
+        (their requests behind this step's) join the queue (book.Book.extend)."""
         self.published = True
         self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, sampling=self.sampling,
-                                version=self.version + 1)
-        self.queue[Role.ROLLOUT].extend(self.ahead.queue[Role.ROLLOUT])
-        self.ahead.queue = self.queue  # one queue per role: the engines serve both steps' requests
+                                version=self.version + 1, ranks=self.ranks)
+        n = self.book.n
+        self.book.extend(self.ahead.book)
+        self.requests.update((i + n, request) for i, request in self.ahead.requests.items())
         return self.version + 1
 
     def carry(self, exported: list[Request]) -> "StepQueues | None":
@@ -294,18 +309,19 @@ class StepQueues:
         requests the engines exported (every request left belongs to it)."""
         if self.ahead is None:
             return None
-        self._requeue(exported)
+        numbers, n = [self.number(r) for r in exported], self.book.n
+        self.requests.update(zip(numbers, exported))
+        self.ahead.book = self.book.carry(numbers)
+        self.ahead.requests = {i - n: r for i, r in self.requests.items() if i >= n}
         self.ahead.migrated += len(exported)
         if self.trace is not None:
-            self.trace.append({"carry": [self.sample_id(r.step, r.key) for r in exported]})
-        assert all(r.step == self.ahead.step for queue in self.queue.values() for r in queue), \
-            "a request of the ending step is left"
+            self.trace.append({"carry": numbers})
         return self.ahead
 
     def sample_id(self, step: int, key: tuple[int, int]) -> int:
         """A sample's number in the trace: prompt x G + sample within its step, the next step's after this
         step's own, as the simulator numbers its samples (sim/engine.py Step)."""
-        return (step - self.step) * len(self.prompts) * self.group_size + key[0] * self.group_size + key[1]
+        return (step - self.step) * self.book.n + key[0] * self.group_size + key[1]
 
     def trace_round(self, reports: list[Report], orders: list["Orders"]) -> None:
         """--trace-rounds: what rank 0 read from every rank this round (its role, the samples it finished and
@@ -339,17 +355,20 @@ class StepQueues:
             for batch, seconds, prefill in r.engine_steps:
                 row = self.engine_steps[r.role].setdefault((busy, batch, prefill > 0), [0, 0.0, 0])
                 row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
-                self.recent_steps.add(seconds)
+                self.book.recent_steps.add(seconds)
         for report in reports:
             self.migrated += len(report.exported)
-            self._requeue(report.exported)
+            exported = [self.number(r) for r in report.exported]
+            self.requests.update(zip(exported, report.exported))
+            self.book.requeue(exported)
             for sample, judging in report.responses:
-                queues = self._of(judging.step)
+                i, queues = self.number(judging), self._of(judging.step)
                 assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
                 queues.samples[sample.key] = sample
-                self.queue[Role.JUDGE].append(judging)
+                self.book.respond(i)
+                self.requests[i] = judging
             for verdict in report.verdicts:
-                self._of(verdict.step)._judged(verdict)
+                self._judged(verdict)
             self.reloaded += report.reloaded
         made = [r.update for r in reports if r.update]
         if made:  # every train rank reports the same statistics
@@ -357,7 +376,7 @@ class StepQueues:
         trainers = [r for r in reports if r.trained]
         if trainers:  # every train rank reports the group's sums: count them once
             groups = trainers[0].trained["groups"]
-            assert not set(groups) & set(self.trained), f"groups {groups} trained twice"
+            self.update_book.train(groups)
             self.trained += groups
             self.early = add_early(self.early, trainers[0].trained)
             seconds = max(r.train_s for r in trainers)
@@ -369,40 +388,34 @@ class StepQueues:
                 self.train_speed.observe(tokens / (seconds * len(trainers)))
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
 
-    def _requeue(self, exported: list[Request]) -> None:
-        """Exported requests go back to the head of their role's queue (book.requeue)."""
-        for role in ENGINE_ROLES:
-            book.requeue(self.queue[role], [r for r in exported if r.role == role])
-
     def _judged(self, verdict: Verdict) -> None:
-        key = verdict.key
-        assert key not in self.judged, f"sample {key} judged twice"
-        verdict.apply(self.samples[key])
-        self.judge_runs += verdict.first_try
-        self.parse_failures += verdict.parse_failed and verdict.first_try
+        i, queues = self.number(verdict), self._of(verdict.step)
+        assert self.book.phase[i] == book.JUDGING, f"sample {verdict.key} of step {verdict.step} judged twice"
+        verdict.apply(queues.samples[verdict.key])
+        queues.judge_runs += verdict.first_try
+        queues.parse_failures += verdict.parse_failed and verdict.first_try
         if verdict.retry:
-            self.queue[Role.JUDGE].append(verdict.retry)
+            self.book.retry(i)
+            self.requests[i] = verdict.retry
             return
-        self.judged.add(key)
-        group = [self.samples.get((key[0], g)) for g in range(self.group_size)]
-        if all(s is not None and s.key in self.judged for s in group):
+        del self.requests[i]
+        if self.book.judge(i):
+            group = [queues.samples[(verdict.key[0], g)] for g in range(self.group_size)]
             # Its advantages, as the update computes them for every group (grpo_advantages per row).
             advantages = grpo_advantages(torch.tensor([[s.reward for s in group]]))[0].tolist()
             for s, a in zip(group, advantages):
                 s.advantage = a
-            if self.filter_groups and not informative([s.reward for s in group]):
+            if queues.filter_groups and not informative([s.reward for s in group]):
                 self._drop(group)
 
     def _drop(self, group: list[Sample]) -> None:
         """--filter-groups: a group of equal rewards leaves the update, and the next prompt the step may
-        draw, if any is left, is admitted in its place: its G requests are queued now."""
+        draw, if any is left, is admitted in its place: its G requests are queued now (book.Book.drop)."""
         assert group[0].prompt_index not in self.trained, f"group {group[0].prompt_index} trained, then left out"
         self.dropped.append(group[0].prompt_index)
         for s in group:
             s.dropped = True
-        admitted = [self.held.popleft() for _ in range(min(self.group_size, len(self.held)))]
-        self.queue[Role.ROLLOUT].extend(admitted)
-        self.expected += len(admitted)
+        self.book.drop(group[0].prompt_index)
 
     def train_samples(self) -> dict[tuple[int, int], Sample]:
         """The samples this step's update trains on, by key: the train pool's, or this step's so far."""
@@ -410,18 +423,15 @@ class StepQueues:
 
     def ready_groups(self) -> list[int]:
         """Judged groups of the update no train rank has had, in prompt order (informative ones only,
-        with --filter-groups)."""
-        if self.train_pool is not None:
-            return sorted({p for p, _ in self.train_pool} - set(self.trained))
-        return [p for p in range(len(self.prompts)) if p not in self.trained and p not in self.dropped
-                and all((p, g) in self.judged for g in range(self.group_size))]
+        with --filter-groups): book.Book.ready."""
+        return self.update_book.ready()
 
     def update_due(self) -> bool:
         """Whether the train ranks can make the update now: its groups are an earlier step's (a train pool),
-        every one of them is trained into their gradients, and it is not made yet (book.update_due). Its
-        weights are published at the next round's start if the step may run ahead (`publish_due`), else at
-        its end."""
-        return book.update_due(self.early_train and bool(self.train_pool), not self.ready_groups(),
+        every one of them is trained into their gradients (book.Book.through), and it is not made yet
+        (book.update_due). Its weights are published at the next round's start if the step may run ahead
+        (`publish_due`), else at its end."""
+        return book.update_due(self.early_train and bool(self.train_pool), self.update_book.through(),
                                self.update is not None)
 
     def train_tokens(self) -> tuple[int, int]:
@@ -433,38 +443,36 @@ class StepQueues:
         return sum(n for p, n in tokens if p in ready), sum(n for _, n in tokens)
 
     def hand_to_train(self) -> list[list[Sample]]:
-        """Every judged group of the update no train rank has had, in prompt order: the train ranks work
-        through them one at a time until the round ends (`_train`), and report which they trained; the
-        others are handed out again."""
+        """Every judged group of the update no train rank has had, in prompt order (book.Book.ready): the
+        train ranks work through them one at a time until the round ends (`_train`), and report which they
+        trained; the others are handed out again."""
         pool = self.train_samples()
-        return [[pool[(p, g)] for g in range(self.group_size)] for p in self.ready_groups()]
+        return [[pool[(p, g)] for g in range(self.group_size)] for p in self.update_book.ready()]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
         if role == Role.ROLLOUT:
-            return bool(self.queue[Role.ROLLOUT]) or self.in_flight[Role.ROLLOUT] > 0
-        if role == Role.JUDGE:
-            return len(self.judged) < self.expected or (self.ahead is not None and self.ahead.pending(Role.JUDGE))
-        return False
+            return bool(self.book.queue[Role.ROLLOUT]) or self.in_flight[Role.ROLLOUT] > 0
+        return role == Role.JUDGE and self.book.judging_left()
 
     def done(self) -> bool:
-        return len(self.judged) == self.expected
+        return self.book.done()
 
     def timed_round(self) -> Rounds:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
         least ROUND_OVER_EXCHANGE times the last exchange (many ranks exchange slower than few) and
-        ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early."""
-        return Rounds(seconds=book.round_seconds(self.round_steps, self.recent_steps.median(),
-                                                 self.recent_steps.longest(), self.exchange_s), early=True)
+        ROUND_OVER_LONGEST times the longest recent step, that ranks whose engines run empty end early
+        (book.Book.round_seconds)."""
+        return Rounds(seconds=self.book.round_seconds(self.round_steps), early=True)
 
     def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
-        each engine's capacity (book.shares), in rank order from the queue's head."""
+        each engine's capacity (book.Book.dispatch), in rank order from the queue's head."""
         work = [[] for _ in roles]
         for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
-            for rank, n in zip(ranks, book.shares(len(self.queue[role]), [in_flight[r] for r in ranks], capacity)):
-                work[rank] = [self.queue[role].popleft() for _ in range(n)]
+            for rank, numbers in zip(ranks, self.book.dispatch(role, [in_flight[r] for r in ranks], capacity)):
+                work[rank] = [self.requests[i] for i in numbers]
         return work
 
     def ordered_samples(self) -> list[Sample]:
@@ -485,8 +493,8 @@ def colocated_roles(roles: list[str], queues: StepQueues, rng: random.Random) ->
     queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
     admits while the ranks judge wait until the judging is done: one switch back, not one a round."""
     role = book.colocated_role(roles[0], queues.pending(Role.ROLLOUT),
-                               bool(queues.queue[Role.JUDGE] or queues.in_flight[Role.JUDGE]))
-    return [role] * len(roles), queues.timed_round() if queues.queue[role] else Rounds()
+                               bool(queues.book.queue[Role.JUDGE] or queues.in_flight[Role.JUDGE]))
+    return [role] * len(roles), queues.timed_round() if queues.book.queue[role] else Rounds()
 
 
 def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> tuple[list[str], Rounds]:
@@ -498,7 +506,7 @@ def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate:
         rank = rng.randrange(len(roles))
         roles[rank] = rng.choice([r for r in ROLES if r != roles[rank]])
     for role in ENGINE_ROLES:
-        if queues.queue[role] and role not in roles:
+        if queues.book.queue[role] and role not in roles:
             # The rank whose role has least left to do gives way.
             spare = [r for r, held in enumerate(roles) if held == Role.TRAIN or not queues.pending(held)]
             roles[rng.choice(spare) if spare else rng.randrange(len(roles))] = role
@@ -527,7 +535,7 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
         orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since)
         if d.rank == 0:
             ending.forget()
-            queues.exchange_s = time.perf_counter() - begin
+            queues.book.exchange_s = time.perf_counter() - begin
         ending.next()
         since = time.perf_counter()
         if orders.error:

@@ -12,8 +12,8 @@ every slot), the new policy is published to storage, and the rollout engines loa
 --max-staleness K > 0 the update is an earlier step's (pipeline.py), whose groups are all judged when
 the step starts: disaggregated's train slots, and pivot's where the planner sends them, work through
 them while the step rolls out and judges; once through they make the update, it is published at the
-round after, and the next step begins beside this one's tail (`Step.extend`, `Step.carry`), as the loop's
-StepQueues does, by the same rules (shifting/book.py update_due, publish_due, ahead_step).
+round after, and the next step begins beside this one's tail (book.Book.extend and carry, the book the
+loop's StepQueues keeps too), by the same rules (shifting/book.py update_due, publish_due, ahead_step).
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
@@ -141,105 +141,38 @@ class Result:
         return self.samples / self.seconds
 
 
-class Step:
-    """One step's samples: lengths drawn, and how far each has got. Phases, as rank 0 knows them:
-    0 queued for rollout, 1 rolling out, 2 queued for the judge, 3 being judged, 4 judged. `version`:
-    the updates made when it rolled out (the weights that sample it)."""
+class Step(book.Book):
+    """One step's samples, in the scheduling book both the loop and the simulator keep (book.Book: phases,
+    queues, groups, hand-outs, the next step begun during it), with their drawn lengths and how far each
+    has got. `version`: the updates made when it rolled out (the weights that sample it)."""
+
+    SAMPLE_ARRAYS = book.Book.SAMPLE_ARRAYS + ("length", "critique", "gen", "cgen")
 
     def __init__(self, workload: Workload, rng: np.random.Generator, index: int = 0, version: int = 0,
                  slots: int = 1):
         self.index, self.version = index, version
         self.length, self.critique = workload.draw(rng)
-        self.n, self.group_size, self.prompt = len(self.length), workload.group_size, workload.prompt_tokens
-        self.judge_template = workload.judge_template_tokens
+        super().__init__(len(self.length), workload.group_size, ranks=slots)
+        self.prompt, self.judge_template = workload.prompt_tokens, workload.judge_template_tokens
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
-        self.phase = np.zeros(self.n, dtype=np.int8)
-        self.queue = {Role.ROLLOUT: deque(range(self.n)), Role.JUDGE: deque()}
-        self.group_left = np.full(self.n // workload.group_size, workload.group_size)
-        self.handed = np.zeros(self.n // workload.group_size, dtype=bool)  # to the train slots, early
         self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
-        self.generated = self.judged = 0  # of its own samples
-        self.recent_steps = book.RecentSteps(slots)  # the step's last engine steps, as StepQueues keeps them
-        self.exchange_s = 0.0  # its last exchange's seconds (StepQueues.exchange_s): none before its first
-        self.ahead: Step | None = None  # the next step, begun during this one (`extend`)
 
-    ARRAYS = ("length", "critique", "gen", "cgen", "phase")
-
-    def extend(self, ahead: "Step") -> None:
-        """The next step's samples join this step's arrays, after its own `n`, and its rollout queue,
-        behind what is queued (StepQueues.publish: the update published during this step); `carry`
-        takes them out again."""
-        self.ahead = ahead
-        for name in self.ARRAYS + ("group_left", "handed"):
-            setattr(self, name, np.concatenate([getattr(self, name), getattr(ahead, name)]))
-        self.queue[Role.ROLLOUT].extend(i + self.n for i in ahead.queue[Role.ROLLOUT])
+    def judge(self, i: int) -> bool:
+        """A verdict (book.Book.judge); an own group it completes is ready to train, its tokens counted."""
+        complete = super().judge(i)
+        if complete and i < self.n:
+            self.train_ready += float(self.tokens(self.members(i // self.group_size)).sum())
+        return complete
 
     def carry(self, exported: list[int]) -> "Step":
-        """As the step ends (every own sample judged): the next step, with what of it is done, its queues
-        and, first in them, the sequences the engines export now (StepQueues.carry)."""
-        ahead, n, groups = self.ahead, self.n, self.n // self.group_size
-        assert all(i >= n for queue in self.queue.values() for i in queue), "an own sample is left"
-        for name in self.ARRAYS + ("group_left", "handed"):
-            whole, cut = getattr(self, name), n if name in self.ARRAYS else groups
-            setattr(ahead, name, whole[cut:].copy())
-            setattr(self, name, whole[:cut])
-        ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
-        ahead.requeue([i - n for i in exported])
-        ahead.generated, ahead.judged = int((ahead.phase >= 2).sum()), int((ahead.phase == 4).sum())
+        ahead = super().carry(exported)
         complete = np.flatnonzero(ahead.group_left == 0)
         ahead.train_ready = float(sum(ahead.tokens(ahead.members(g)).sum() for g in complete))
-        self.ahead = None
         return ahead
 
     def tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
-
-    def requeue(self, exported: list[int]) -> None:
-        """Samples an engine exported go back to the head of their queue (book.requeue, as StepQueues'
-        requests do): a response not finished to rollout's, a critique to the judge's."""
-        for i in exported:
-            self.phase[i] = 0 if self.phase[i] == 1 else 2
-        for phase, role in ((0, Role.ROLLOUT), (2, Role.JUDGE)):
-            book.requeue(self.queue[role], [i for i in exported if self.phase[i] == phase])
-
-    def ingest(self, finished: list[int], exported: list[int]) -> None:
-        """One slot's report, as rank 0 reads it (StepQueues.ingest): its finished responses join the judge's
-        queue, its verdicts complete groups (an own group complete is ready to train), and what it exported
-        goes back to the head of its queue."""
-        for i in finished:
-            own = i < self.n  # else the next step's, begun during this one
-            if self.phase[i] == 1:
-                self.phase[i], self.generated = 2, self.generated + own
-                self.queue[Role.JUDGE].append(i)
-            else:
-                assert self.phase[i] == 3, f"sample {i} judged twice"
-                self.phase[i], self.judged = 4, self.judged + own
-                group = i // self.group_size
-                self.group_left[group] -= 1
-                if self.group_left[group] == 0 and own:
-                    self.train_ready += float(self.tokens(self.members(group)).sum())
-        self.requeue(exported)
-
-    def dispatch(self, role: str, in_flight: list[int], capacity: int) -> list[list[int]]:
-        """The role's queue shared among the slots holding it, given what each runs (book.shares, as
-        StepQueues.dispatch), in slot order from the queue's head."""
-        queue, work = self.queue[role], []
-        for take in book.shares(len(queue), in_flight, capacity):
-            work.append([queue.popleft() for _ in range(take)])
-            self.phase[work[-1]] = 1 if role == Role.ROLLOUT else 3
-        return work
-
-    def hand_out(self) -> list[int]:
-        """Early training: every judged group of the update no train slot has had, in prompt order
-        (StepQueues.hand_to_train); `hand_back` takes those they did not reach."""
-        own = self.n // self.group_size  # the groups of the next step, begun during this one, follow
-        groups = np.flatnonzero((self.group_left[:own] == 0) & ~self.handed[:own])
-        self.handed[groups] = True
-        return groups.tolist()
-
-    def hand_back(self, groups: list[int]) -> None:
-        self.handed[groups] = False
 
     def members(self, group: int) -> slice:
         return slice(group * self.group_size, (group + 1) * self.group_size)
@@ -247,7 +180,7 @@ class Step:
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
         change nothing that follows them."""
-        self.gen[:], self.cgen[:], self.phase[:] = self.length, self.critique, 4
+        self.gen[:], self.cgen[:], self.phase[:] = self.length, self.critique, book.JUDGED
         self.generated = self.judged = self.n
         self.group_left[:] = 0
         self.queue[Role.ROLLOUT].clear()
@@ -379,7 +312,7 @@ class Simulation:
             self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
-            if step.judged == step.n:
+            if step.done():
                 break
             if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()
@@ -438,12 +371,10 @@ class Simulation:
     def _orders(self) -> tuple[list[str], Round]:
         """Rank 0's orders (the loop's Placement.next_roles): every slot's role from now on, and how long the
         round lasts."""
-        roles, step = [s.role for s in self.slots], self.step
-        rules, median = self.rules, step.recent_steps.median()
-        median = rules.first_engine_step_s if median is None else median
-        seconds = book.round_seconds(rules.round_steps, median, step.recent_steps.longest(), step.exchange_s,
-                                     over_exchange=rules.over_exchange, over_longest=rules.over_longest)
-        timed = Round(seconds, early=True)
+        roles, step, rules = [s.role for s in self.slots], self.step, self.rules
+        timed = Round(step.round_seconds(rules.round_steps, first_engine_step_s=rules.first_engine_step_s,
+                                         over_exchange=rules.over_exchange, over_longest=rules.over_longest),
+                      early=True)
         if self.placement == "colocated":  # shifting/scheduler.py colocated_roles
             rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
             judging = step.queue[Role.JUDGE] or any(s.running for s in self.slots if s.role == Role.JUDGE)
@@ -471,7 +402,7 @@ class Simulation:
 
     def _dispatch(self, rnd: Round) -> None:
         """Each engine role's queue shared among the slots holding it, evening out their loads up to each
-        engine's room, in slot order from the queue's head (Step.dispatch); a slot still shifting takes
+        engine's room, in slot order from the queue's head (book.Book.dispatch); a slot still shifting takes
         its share too, as the loop's rank does before it shifts, and works on it once shifted. A slot's
         first step takes its new requests in."""
         for role in ENGINE_ROLES:
@@ -494,12 +425,11 @@ class Simulation:
             keep = max(1, int(np.searchsorted(tokens, speed.prefill_per_s * seconds, side="right"))) if new else 0
             back += new[keep:]
             takes[i] = new[:keep]
-        self.step.phase[back] = 0 if role == Role.ROLLOUT else 2
-        book.requeue(self.step.queue[role], back)
+        self.step.requeue(back)
 
     def _hand_to_train(self) -> None:
         """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot
-        has had, in prompt order (StepQueues.hand_to_train). The train slots work through them until
+        has had, in prompt order (book.Book.ready, as StepQueues.hand_to_train). The train slots work through them until
         the round ends, stopping at the first group boundary after it (`_cut_training`); the groups
         they did not reach are handed out again."""
         trainers = sum(s.role == Role.TRAIN for s in self.slots)
@@ -507,7 +437,7 @@ class Simulation:
         if not (self._early_train() and trainers and ready):
             return
         rate = trainers * self.model.train_per_s(trainers)
-        for group in self.update.hand_out():
+        for group in self.update.ready():
             tokens = float(self.update.tokens(self.update.members(group)).sum())
             self.train_groups.append((group, tokens, tokens / rate))
         self.train_left = sum(seconds for _, _, seconds in self.train_groups)
@@ -532,10 +462,9 @@ class Simulation:
             self._end_round(self.now + self.rules.poll_s / 2)
 
     def _cut_training(self) -> None:
-        """The round is over for the train slots: they finish the group in progress, and hand back the
-        groups after it."""
+        """The round is over for the train slots: they finish the group in progress; the groups after it
+        are handed out again."""
         kept, end, done = self._group_in_progress()
-        self.update.hand_back([group for group, _, _ in self.train_groups[kept:]])
         self.train_groups = self.train_groups[:kept]
         self.train_left = max(0.0, end - done)
         self.train_arrives_at = None  # the round is over: they stop at that boundary
@@ -593,6 +522,7 @@ class Simulation:
             elif index >= 0 and version == self.slots[index].version:
                 self._touch(self.slots[index])
         if self.train_groups:
+            self.update.train([group for group, _, _ in self.train_groups])
             self.update.train_done += sum(tokens for _, tokens, _ in self.train_groups)
         self.train_groups = []
         return trained or any(s.stepped for s in self.slots)
@@ -607,7 +537,7 @@ class Simulation:
         self.now = end
 
     def _ingest(self) -> None:
-        """Rank 0 reads the reports, in slot order (Step.ingest)."""
+        """Rank 0 reads the reports, in slot order (book.Book.ingest, as StepQueues.ingest)."""
         for slot in self.slots:
             self.step.ingest(slot.finished, slot.exported)
             slot.finished, slot.exported = [], []
@@ -863,10 +793,10 @@ class Simulation:
         as each is judged; none ready where no slot trains early (a fill step hands no group out)."""
         step, w = self.step, self.workload
         pool = self.update or step
-        rolling = np.flatnonzero(step.phase <= 1)
+        rolling = np.flatnonzero(step.phase <= book.ROLLING)
         queued = list(step.queue[Role.ROLLOUT])
         return planner.step_work(
-            rolling=step.gen[rolling].tolist(), judging=step.cgen[np.flatnonzero(step.phase == 3)].tolist(),
+            rolling=step.gen[rolling].tolist(), judging=step.cgen[np.flatnonzero(step.phase == book.JUDGING)].tolist(),
             rollout_prefill=float(len(queued) * step.prompt + step.gen[queued].sum()),
             judge_waiting=len(step.queue[Role.JUDGE]),
             judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue[Role.JUDGE])),

@@ -130,7 +130,7 @@ class Replay(Simulation):
         self._same(sorted(trained - handed), [], f"{at}: groups trained beyond those handed")
         kept = [g for g in self.train_groups if g[0] in trained]
         if self.train_groups:
-            self.update.hand_back([g for g, _, _ in self.train_groups if g not in trained])
+            self.update.train([g for g, _, _ in kept])
             self.update.train_done += sum(tokens for _, tokens, _ in kept)
         self.train_groups, self.train_left = [], 0.0
         return True

@@ -1,11 +1,12 @@
 """The scheduling book's rules (shifting/book.py), which the loop and the simulator both call."""
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import planner
-from shifting.book import (RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
+from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
                            round_seconds, shares, update_due)
 from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
@@ -86,30 +87,29 @@ def test_colocated_rolls_out_then_judges_and_stays_while_judging():
 
 @pytest.fixture
 def asked(book_calls):
-    """The calls of book.requeue and book.colocated_role: (the calling module, the rule, its arguments, its answer)."""
-    return book_calls("requeue", "colocated_role")
+    """The calls of book.colocated_role: (the calling module, the rule, its arguments, its answer)."""
+    return book_calls("colocated_role")
 
 
-def test_the_loop_and_the_simulator_queue_exported_work_alike(asked):
-    """The same exports, as rank 0's queues (StepQueues) and the simulator's step (Step) each hear of them,
-    leave the same order in each role's queue, by the book's rule."""
+def test_the_loop_and_the_simulator_keep_one_book():
+    """Rank 0's queues (StepQueues) and the simulator's step (Step) hold the same book.Book, which the
+    simulator's Step only adds drawn lengths to: the same dispatch and exports leave the same order in
+    each role's queue, the exported work first."""
     sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
     queues = StepQueues([{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(3)], step=0,
                         sampling=sampling)
-    keys = [r.key for r in queues.queue["rollout"]]  # six requests; four go to an engine, three come back
-    running = [queues.queue["rollout"].popleft() for _ in range(4)]
-    queues.ingest([Report("rollout", exported=[running[2], running[0], running[3]])], 0.0)
-
     cal = C.load()
-    step = Step(C.gpu_workload(cal, 3), np.random.default_rng(0))
-    step.group_size, step.n = 2, 6
-    step.queue["rollout"] = deque(range(6))
-    for _ in range(4):
-        step.phase[step.queue["rollout"].popleft()] = 1
-    step.requeue([2, 0, 3])
-    assert [r.key for r in queues.queue["rollout"]] == [keys[i] for i in step.queue["rollout"]] \
+    step = Step(replace(C.gpu_workload(cal, 3), group_size=2), np.random.default_rng(0))
+    assert isinstance(queues.book, Book) and isinstance(step, Book) and step.n == queues.book.n == 6
+    overridden = {name for name in vars(Step) if name in vars(Book) and not name.startswith("__")}
+    assert overridden == {"judge", "carry", "SAMPLE_ARRAYS"}  # each calls the book's own
+    keys = [r.key for r in queues.queued("rollout")]
+    running = queues.dispatch(["rollout", "rollout"], 2, [0, 0])  # four of six go to two engines
+    assert step.dispatch("rollout", [0, 0], 2) == [[queues.number(r) for r in work] for work in running]
+    queues.ingest([Report("rollout", exported=[running[1][0], running[0][0], running[1][1]])], 0.0)
+    step.ingest([], [2, 0, 3])
+    assert [r.key for r in queues.queued("rollout")] == [keys[i] for i in step.queue["rollout"]] \
         == [keys[i] for i in (2, 0, 3, 4, 5)]
-    assert {who for who, name, _, _ in asked if name == "requeue"} == {"shifting.scheduler", "sim.engine"}
 
 
 def test_the_loop_and_the_simulator_choose_colocated_roles_by_the_book(asked):

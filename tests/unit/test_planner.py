@@ -300,7 +300,7 @@ def test_loop_adapter_reads_step_queues():
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
-        queue={"rollout": [], "judge": [request(50)] * 400}, round_s=0.05,
+        queued={"rollout": [], "judge": [request(50)] * 400}.__getitem__, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
     adapter = LoopPlanner(SPEEDS, costs(0.01), LengthEstimate([20, 40, 64], 64), LengthEstimate([30], 96))
@@ -335,7 +335,7 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
                                                      in_flight_tokens=sum(generated), engine_steps=[], train_s=0.0)
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
-        queue={"rollout": [], "judge": []}, round_s=0.05, early_train=True,
+        queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, early_train=True,
         reports=[report("judge", [5] * 60), report("judge", [30])])
     adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
                           PlannerConfig(early_train=True))
@@ -371,7 +371,7 @@ def test_loop_adapter_measures_the_engines_beside_training():
     fixed, per_seq = adapter.fits["judge"].fit()
     alone = fixed + per_seq * 8
     queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_tokens=lambda: (0, 0), train_pool=None,
-                             early_train=True, queue={"rollout": [], "judge": []}, round_s=0.05,
+                             early_train=True, queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
                              reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, 0.0),
                                       report("train", [], 0.2)])
     adapter(["judge", "train"], queues)

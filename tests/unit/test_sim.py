@@ -54,7 +54,7 @@ def test_pivot_migrates_trains_early_and_still_loses_nothing(cal):
     assert sim.step.judged == sim.step.n
     # Some groups were handed to train slots while the step still ran, each once (run() checks that
     # the update trained every token once); the rest at the end.
-    assert 0 < sim.step.handed.sum() < len(sim.step.handed)
+    assert 0 < sim.step.trained.sum() < len(sim.step.trained)
 
 
 def test_prefill_intake_holds_work_at_rank_0_and_loses_nothing(cal):
