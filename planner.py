@@ -425,9 +425,9 @@ class LoopPlanner:
     stood each such round).
     `speeds` are the priors.
 
-    It reads from shifting.scheduler.StepQueues: `queue["rollout"]` and `queue["judge"]` (Requests:
-    prompt_ids, generated, max_tokens), `prompts`, `train_tokens()` (the update's tokens left, judged and
-    in all), `train_pool` (None unless the update trains an earlier step's samples), `early_train`
+    It reads from shifting.scheduler.StepQueues: `queued("rollout")` and `queued("judge")` (Requests:
+    prompt_ids, generated, max_tokens), `prompts`, `update_book.train_work()` (the update's tokens left:
+    shifting/book.py Book), `train_pool` (None unless the update trains an earlier step's samples), `early_train`
     (whether its rounds hand judged groups to train ranks), `round_s` (the last
     round's seconds) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
@@ -501,27 +501,29 @@ class LoopPlanner:
         prompt = sum(len(p["prompt_ids"]) for p in queues.prompts) / len(queues.prompts)
         # Groups trained early already are no longer work; with --max-staleness > 0 the update's groups are
         # an earlier step's, all judged, and this step's responses still to come are not its work.
-        ready, done_tokens = queues.train_tokens()
-        coming = len(rolling) if queues.train_pool is None else 0
+        ready, generated, coming = queues.update_book.train_work()
         return step_work(
             rolling=rolling, judging=[g for role, g in running if role == Role.JUDGE],
             rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queued(Role.ROLLOUT)),
             judge_waiting=len(queues.queued(Role.JUDGE)),
             judge_prefill=sum(len(r.prompt_ids) for r in queues.queued(Role.JUDGE)),
-            judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready,
-            train_tokens=done_tokens + coming * (prompt + self.lengths.mean()), early_train=queues.early_train,
+            judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready, train_generated=generated,
+            train_coming=coming, sample_tokens=prompt + self.lengths.mean(), early_train=queues.early_train,
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)
 
 
 def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float, judge_waiting: int,
-              judge_prefill: float, judge_prompt_tokens: float, train_ready: float, train_tokens: float,
-              early_train: bool, update_early: bool, lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
+              judge_prefill: float, judge_prompt_tokens: float, train_ready: float, train_generated: float,
+              train_coming: int, sample_tokens: float, early_train: bool, update_early: bool,
+              lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
     """What is left of a step, as the planner weighs it, from what rank 0 knows of it (the loop's
     LoopPlanner.work and the simulator both build it here): `rolling`, the tokens generated so far by
     every response not finished (queued or running; a migrated one has some), `judging`, those of every
     critique being written, `judge_waiting` responses queued for the judge, the prefill tokens queued for
-    each engine role, the judge prompt expected of a response still to come, the update's tokens (judged
-    and ready now, and in all), whether the step's rounds hand judged groups to train ranks at all
+    each engine role, the judge prompt expected of a response still to come, the update's tokens judged
+    and ready now, those generated and not trained yet, and its samples still to come (book.Book.train_work)
+    at `sample_tokens` each (the prompt and the expected response: neither side knows a length before it
+    is generated), whether the step's rounds hand judged groups to train ranks at all
     (`early_train`: none are ready for them otherwise, as in a step rolled out before the first update).
     `lengths` and `critiques` estimate what each sequence has left."""
     return Work(
@@ -537,6 +539,6 @@ def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float,
         critique_tokens=critiques.mean(),
         judge_prompt_tokens=judge_prompt_tokens,
         train_ready=train_ready if early_train else 0.0,
-        train_tokens=train_tokens,
+        train_tokens=train_generated + train_coming * sample_tokens,
         update_early=update_early,
     )

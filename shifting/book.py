@@ -148,13 +148,14 @@ class Book:
     and queue, until the step ends and `carry` takes them out again. `admitted`: the samples queued at once
     (--filter-groups admits the others group by group, `drop`); all of them by default."""
 
-    SAMPLE_ARRAYS = ("phase",)  # per sample, what `extend` joins and `carry` splits (a subclass adds its own)
+    SAMPLE_ARRAYS = ("phase", "tokens")  # per sample, what `extend` joins and `carry` splits (a subclass adds its own)
     GROUP_ARRAYS = ("group_left", "trained", "dropped")
 
     def __init__(self, samples: int, group_size: int, *, ranks: int = 1, admitted: int | None = None):
         self.n, self.group_size = samples, group_size
         admitted = samples if admitted is None else admitted
         self.phase = np.full(samples, QUEUED, dtype=np.int8)
+        self.tokens = np.zeros(samples)  # prompt + response tokens, once generated: what training it takes
         self.queue = {Role.ROLLOUT: deque(range(admitted)), Role.JUDGE: deque()}
         self.held = deque(range(admitted, samples))  # not admitted yet, in order
         self.expected = admitted  # samples the step judges: it is done once it has judged them
@@ -168,11 +169,14 @@ class Book:
         self.ahead: Book | None = None  # the next step, begun during this one
 
     @classmethod
-    def judged_pool(cls, groups: list[int], group_size: int) -> "Book":
-        """The book of an update's groups judged in an earlier step (--max-staleness K > 0): every sample
-        judged; the prompts of that step not among `groups` are left out."""
+    def judged_pool(cls, tokens: dict[int, int], group_size: int) -> "Book":
+        """The book of an update's groups judged in an earlier step (--max-staleness K > 0), from each
+        sample's tokens by its number: every sample judged; the prompts of that step without samples in
+        it are left out."""
+        groups = sorted({i // group_size for i in tokens})
         pool = cls((max(groups, default=-1) + 1) * group_size, group_size)
         pool.phase[:], pool.group_left[:], pool.dropped[:] = JUDGED, 0, True
+        pool.tokens[list(tokens)] = list(tokens.values())
         pool.dropped[groups] = False
         pool.queue[Role.ROLLOUT].clear()
         pool.generated = pool.judged = pool.expected = len(groups) * group_size
@@ -184,10 +188,10 @@ class Book:
 
     # -- reports ------------------------------------------------------------------------------------
 
-    def respond(self, i: int) -> None:
-        """Sample i's response finished: it is queued for the judge."""
+    def respond(self, i: int, tokens: float) -> None:
+        """Sample i's response finished, its prompt and response `tokens` long: it is queued for the judge."""
         assert self.phase[i] == ROLLING, f"sample {i} generated twice"
-        self.phase[i] = RESPONDED
+        self.phase[i], self.tokens[i] = RESPONDED, tokens
         self._own(i).generated += 1
         self.queue[Role.JUDGE].append(i)
 
@@ -198,7 +202,7 @@ class Book:
         self._own(i).judged += 1
         group = i // self.group_size
         self.group_left[group] -= 1
-        return self.group_left[group] == 0
+        return bool(self.group_left[group] == 0)
 
     def retry(self, i: int) -> None:
         """Sample i's critique is to be written again (--on-parse-failure retry): it queues for the judge anew."""
@@ -215,14 +219,14 @@ class Book:
         for role in ENGINE_ROLES:
             requeue(self.queue[role], [i for i in exported if self.phase[i] == IN_FLIGHT[role] - 1])
 
-    def ingest(self, finished: list[int], exported: list[int]) -> list[int]:
-        """One rank's report, read in rank order: its finished responses join the judge's queue, its
-        verdicts complete groups, and what it exported goes back to the head of its queue. Returns the
-        groups its verdicts completed."""
+    def ingest(self, finished: list[int], exported: list[int], tokens) -> list[int]:
+        """One rank's report, read in rank order: its finished responses (`tokens[i]` long, prompt and
+        response) join the judge's queue, its verdicts complete groups, and what it exported goes back to
+        the head of its queue. Returns the groups its verdicts completed."""
         complete = []
         for i in finished:
             if self.phase[i] == ROLLING:
-                self.respond(i)
+                self.respond(i, tokens[i])
             elif self.judge(i):
                 complete.append(i // self.group_size)
         self.requeue(exported)
@@ -260,6 +264,19 @@ class Book:
         """The train ranks trained `groups` in the round just ended."""
         assert not self.trained[groups].any(), f"groups {groups} trained twice"
         self.trained[groups] = True
+
+    def train_work(self) -> tuple[float, float, int]:
+        """What the update has left to train, as rank 0 tells the planner (planner.step_work): the tokens
+        of its groups `ready`, those of its samples generated so far and not trained (nor left out), and
+        how many of its samples are still to be generated (queued or rolling out; none held back)."""
+        own, g = self.n // self.group_size, self.group_size
+        left = np.repeat(~self.trained[:own] & ~self.dropped[:own], g)
+        ready = np.zeros(own, dtype=bool)
+        ready[self.ready()] = True
+        generated = self.phase[:self.n] >= RESPONDED
+        tokens = self.tokens[:self.n]
+        coming = int((left & ~generated).sum()) - len(self.held)
+        return float(tokens[np.repeat(ready, g)].sum()), float(tokens[left & generated].sum()), coming
 
     def through(self) -> bool:
         """Whether the train ranks have trained every group of the update, or it was left out."""

@@ -242,7 +242,8 @@ class StepQueues:
         self.train_pool = None if train_pool is None else {s.key: s for s in train_pool}
         # The book the update's groups are handed out from: this step's, or the train pool's.
         self.update_book = self.book if train_pool is None else book.Book.judged_pool(
-            sorted({p for p, _ in self.train_pool}), self.group_size)
+            {p * self.group_size + g: len(s.prompt_ids) + len(s.response_ids) for (p, g), s in self.train_pool.items()},
+            self.group_size)
         self.trained: list[int] = []
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
@@ -365,7 +366,7 @@ class StepQueues:
                 i, queues = self.number(judging), self._of(judging.step)
                 assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
                 queues.samples[sample.key] = sample
-                self.book.respond(i)
+                self.book.respond(i, len(sample.prompt_ids) + len(sample.response_ids))
                 self.requests[i] = judging
             for verdict in report.verdicts:
                 self._judged(verdict)
@@ -433,14 +434,6 @@ class StepQueues:
         (`publish_due`), else at its end."""
         return book.update_due(self.early_train and bool(self.train_pool), self.update_book.through(),
                                self.update is not None)
-
-    def train_tokens(self) -> tuple[int, int]:
-        """Prompt and response tokens of the update's groups not trained yet: of those judged (ready now),
-        and of those sampled so far (judged or not; the pool's are all judged)."""
-        gone, ready = set(self.trained) | set(self.dropped), set(self.ready_groups())  # trained, or left out
-        tokens = [(p, len(s.prompt_ids) + len(s.response_ids)) for (p, _), s in self.train_samples().items()
-                  if p not in gone]
-        return sum(n for p, n in tokens if p in ready), sum(n for _, n in tokens)
 
     def hand_to_train(self) -> list[list[Sample]]:
         """Every judged group of the update no train rank has had, in prompt order (book.Book.ready): the

@@ -162,16 +162,16 @@ class Step(book.Book):
         """A verdict (book.Book.judge); an own group it completes is ready to train, its tokens counted."""
         complete = super().judge(i)
         if complete and i < self.n:
-            self.train_ready += float(self.tokens(self.members(i // self.group_size)).sum())
+            self.train_ready += float(self.drawn_tokens(self.members(i // self.group_size)).sum())
         return complete
 
     def carry(self, exported: list[int]) -> "Step":
         ahead = super().carry(exported)
         complete = np.flatnonzero(ahead.group_left == 0)
-        ahead.train_ready = float(sum(ahead.tokens(ahead.members(g)).sum() for g in complete))
+        ahead.train_ready = float(sum(ahead.drawn_tokens(ahead.members(g)).sum() for g in complete))
         return ahead
 
-    def tokens(self, i) -> np.ndarray:
+    def drawn_tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
 
     def members(self, group: int) -> slice:
@@ -181,10 +181,11 @@ class Step(book.Book):
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
         change nothing that follows them."""
         self.gen[:], self.cgen[:], self.phase[:] = self.length, self.critique, book.JUDGED
+        self.tokens[:] = self.drawn_tokens(slice(None))
         self.generated = self.judged = self.n
         self.group_left[:] = 0
         self.queue[Role.ROLLOUT].clear()
-        self.train_ready = float(self.tokens(slice(None)).sum())
+        self.train_ready = float(self.drawn_tokens(slice(None)).sum())
 
 
 class Simulation:
@@ -266,7 +267,8 @@ class Simulation:
                 path, least = self._critical_path(rolled), self._work_bound(rolled, update_step)
                 critical, work, bound = critical + path, work + least, bound + max(least, path / (k + 1))
             self._step(rolled, update_step)
-            assert update_step.train_done == update_step.train_ready == float(update_step.tokens(slice(None)).sum())
+            total = float(update_step.drawn_tokens(slice(None)).sum())
+            assert update_step.train_done == update_step.train_ready == total
             trained.append((update, update_step.index, update_step.version))
             if k and rolled is not None:
                 pending.append(rolled)
@@ -348,7 +350,7 @@ class Simulation:
         """Whether the train slots make the update now, at the round's start (book.update_due, as
         StepQueues.update_due): it is an earlier step's, and they have trained every group of it."""
         update, early = self.update, self.max_staleness > 0 and self._early_train()
-        trained = early and update.train_done >= update.train_ready == float(update.tokens(slice(None)).sum())
+        trained = early and update.train_done >= update.train_ready == float(update.drawn_tokens(slice(None)).sum())
         return book.update_due(early, trained, self.made)
 
     def _publish(self) -> None:
@@ -438,7 +440,7 @@ class Simulation:
             return
         rate = trainers * self.model.train_per_s(trainers)
         for group in self.update.ready():
-            tokens = float(self.update.tokens(self.update.members(group)).sum())
+            tokens = float(self.update.drawn_tokens(self.update.members(group)).sum())
             self.train_groups.append((group, tokens, tokens / rate))
         self.train_left = sum(seconds for _, _, seconds in self.train_groups)
 
@@ -538,8 +540,9 @@ class Simulation:
 
     def _ingest(self) -> None:
         """Rank 0 reads the reports, in slot order (book.Book.ingest, as StepQueues.ingest)."""
+        drawn = self.step.drawn_tokens(slice(None))
         for slot in self.slots:
-            self.step.ingest(slot.finished, slot.exported)
+            self.step.ingest(slot.finished, slot.exported, drawn)
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
@@ -589,7 +592,7 @@ class Simulation:
         return max(step.prompt / m.prefill_per_s[Role.ROLLOUT] + alone(Role.ROLLOUT, step.prompt, int(step.length[i]))
                    + (judge_prompt + step.length[i]) / m.prefill_per_s[Role.JUDGE]
                    + alone(Role.JUDGE, judge_prompt + int(step.length[i]), int(step.critique[i]))
-                   + float(step.tokens(step.members(i // g) if early else slice(None)).sum())
+                   + float(step.drawn_tokens(step.members(i // g) if early else slice(None)).sum())
                    / (n * m.train_per_s(n))
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
 
@@ -609,7 +612,7 @@ class Simulation:
             context = float((lengths * prompts + lengths * (lengths - 1) / 2).sum())
             seconds += per_token * lengths.sum() + per_context * context + prompts.sum() / m.prefill_per_s[role]
         train = max(m.train_per_s(n) for n in range(m.min_train_slots, len(self.slots) + 1))
-        return (seconds + float(update.tokens(slice(None)).sum()) / train) / slots
+        return (seconds + float(update.drawn_tokens(slice(None)).sum()) / train) / slots
 
     # -- engines ------------------------------------------------------------------------------------
 
@@ -790,19 +793,22 @@ class Simulation:
     def _work(self) -> planner.Work:
         """What rank 0 tells the planner, built as LoopPlanner.work builds it (planner.step_work): with a
         train pool (K > 0) the update's groups are an earlier step's, all judged; otherwise this step's,
-        as each is judged; none ready where no slot trains early (a fill step hands no group out)."""
+        as each is judged; none ready where no slot trains early (a fill step hands no group out). The
+        update's tokens are the book's (book.Book.train_work): a response's length counts once it is
+        generated, as the loop knows it, not as drawn."""
         step, w = self.step, self.workload
         pool = self.update or step
         rolling = np.flatnonzero(step.phase <= book.ROLLING)
         queued = list(step.queue[Role.ROLLOUT])
+        ready, generated, coming = pool.train_work()
         return planner.step_work(
             rolling=step.gen[rolling].tolist(), judging=step.cgen[np.flatnonzero(step.phase == book.JUDGING)].tolist(),
             rollout_prefill=float(len(queued) * step.prompt + step.gen[queued].sum()),
             judge_waiting=len(step.queue[Role.JUDGE]),
             judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue[Role.JUDGE])),
             judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
-            train_ready=pool.train_ready - pool.train_done, early_train=self._early_train(),
-            train_tokens=float(pool.tokens(np.arange(pool.n)).sum()) - pool.train_done,
+            train_ready=ready, train_generated=generated, train_coming=coming,
+            sample_tokens=w.prompt_tokens + self.lengths.mean(), early_train=self._early_train(),
             update_early=self.update is not None and self.max_staleness > 0,
             lengths=self.lengths, critiques=self.critiques)
 

@@ -107,7 +107,7 @@ def test_the_loop_and_the_simulator_keep_one_book():
     running = queues.dispatch(["rollout", "rollout"], 2, [0, 0])  # four of six go to two engines
     assert step.dispatch("rollout", [0, 0], 2) == [[queues.number(r) for r in work] for work in running]
     queues.ingest([Report("rollout", exported=[running[1][0], running[0][0], running[1][1]])], 0.0)
-    step.ingest([], [2, 0, 3])
+    step.ingest([], [2, 0, 3], step.drawn_tokens(slice(None)))
     assert [r.key for r in queues.queued("rollout")] == [keys[i] for i in step.queue["rollout"]] \
         == [keys[i] for i in (2, 0, 3, 4, 5)]
 
@@ -134,3 +134,21 @@ def test_a_training_rank_counts_among_the_ranks_working_beside_an_engine_step():
     queues.ingest([Report("judge", engine_steps=[(8, 0.01, 0)]), Report("judge", engine_steps=[(4, 0.01, 0)])],
                   round_s=0.3)
     assert queues.engine_metrics()["engine_steps"]["judge"] == [[2, 4, 1, 0.01, 0], [2, 8, 2, 0.03, 0]]
+
+
+def test_the_planner_is_told_what_of_the_update_is_generated_and_what_is_still_to_come():
+    """book.Book.train_work, which the loop's LoopPlanner and the simulator both tell the planner: tokens of
+    the groups judged and not trained, of the samples generated and not trained, and how many are to come
+    (a length counts once generated: neither side knows one before)."""
+    b = Book(6, 2)  # three groups of two
+    assert b.dispatch("rollout", [4], 8) == [[0, 1, 2, 3]]  # an engine with room for four more
+    for i, tokens in ((0, 10), (1, 20), (2, 30)):
+        b.respond(i, tokens)
+    assert b.train_work() == (0.0, 60.0, 3)  # samples 3 (rolling), 4 and 5 (queued) to come
+    b.dispatch("judge", [0], 8)
+    assert b.judge(0) is False and b.judge(1) is True and b.ready() == [0]
+    assert b.train_work() == (30.0, 60.0, 3)
+    b.train([0])
+    assert b.train_work() == (0.0, 30.0, 3) and not b.through()
+    with pytest.raises(AssertionError, match="trained twice"):
+        b.train([0])

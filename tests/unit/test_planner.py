@@ -299,7 +299,8 @@ def test_loop_adapter_reads_step_queues():
         engine_steps=[(len(generated), seconds, 0)] if generated else [], train_s=0.0)
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
-        prompts=[{"prompt_ids": [0] * 10}] * 2, train_tokens=lambda: (0, 0), train_pool=None, early_train=True,
+        prompts=[{"prompt_ids": [0] * 10}] * 2, update_book=SimpleNamespace(train_work=lambda: (0, 0, 1)),
+        train_pool=None, early_train=True,
         queued={"rollout": [], "judge": [request(50)] * 400}.__getitem__, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
@@ -334,7 +335,8 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
     report = lambda role, generated: SimpleNamespace(role=role, generated=generated,  # noqa: E731
                                                      in_flight_tokens=sum(generated), engine_steps=[], train_s=0.0)
     queues = SimpleNamespace(
-        prompts=[{"prompt_ids": [0] * 10}] * 4, train_tokens=lambda: (4000, 8000), train_pool=None,
+        prompts=[{"prompt_ids": [0] * 10}] * 4, update_book=SimpleNamespace(train_work=lambda: (4000, 8000, 0)),
+        train_pool=None,
         queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, early_train=True,
         reports=[report("judge", [5] * 60), report("judge", [30])])
     adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
@@ -370,7 +372,8 @@ def test_loop_adapter_measures_the_engines_beside_training():
     adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
     fixed, per_seq = adapter.fits["judge"].fit()
     alone = fixed + per_seq * 8
-    queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_tokens=lambda: (0, 0), train_pool=None,
+    queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None,
+                             update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)),
                              early_train=True, queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
                              reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, 0.0),
                                       report("train", [], 0.2)])

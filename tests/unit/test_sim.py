@@ -343,7 +343,7 @@ def test_train_slots_past_their_time_stop_at_the_group_boundary_once_the_others_
     sim._round = traced
     sim.run(1)
     update, trained, waited, seconds = next(r for r in rounds if r[1])
-    assert trained == pytest.approx(float(update.tokens(update.members(0)).sum()))
+    assert trained == pytest.approx(float(update.drawn_tokens(update.members(0)).sum()))
     assert waited < 0.01 * seconds * len(sim.slots)
 
 
