@@ -50,7 +50,6 @@ is judged and informative, so none is trained and then left out.
 """
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -421,11 +420,6 @@ class StepQueues:
     def train_samples(self) -> dict[tuple[int, int], Sample]:
         """The samples this step's update trains on, by key: the train pool's, or this step's so far."""
         return self.samples if self.train_pool is None else self.train_pool
-
-    def ready_groups(self) -> list[int]:
-        """Judged groups of the update no train rank has had, in prompt order (informative ones only,
-        with --filter-groups): book.Book.ready."""
-        return self.update_book.ready()
 
     def update_due(self) -> bool:
         """Whether the train ranks can make the update now: its groups are an earlier step's (a train pool),

@@ -60,7 +60,7 @@ def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_an
     assert [r.key for r in seen["queued"]] == [(p, g) for p in range(5) for g in range(G)]
     assert [r.seed for r in seen["queued"]] == [sample_seed(0, 3, p, g) for p in range(5) for g in range(G)]
     assert sorted(queues.dropped) == [0, 2, 3]
-    assert queues.ready_groups() == [1, 4] and seen["handed"] <= {1, 4}  # only informative groups reach train
+    assert queues.update_book.ready() == [1, 4] and seen["handed"] <= {1, 4}  # only informative groups reach train
     assert sorted(queues.samples) == [(p, g) for p in range(5) for g in range(G)]
     assert queues.judge_runs == queues.book.expected == 5 * G  # each admitted prompt's G samples judged once
     assert [s.dropped for s in queues.ordered_samples()] == [p in (0, 2, 3) for p in range(5) for _ in range(G)]
@@ -70,14 +70,14 @@ def test_at_the_cap_the_step_keeps_the_informative_groups_it_has():
     """Three prompts at most, one of them informative: all three drawn, two left out, one to train."""
     queues = StepQueues(PROMPTS[:3], step=0, sampling=SAMPLING, filter_groups=2)
     run_step(queues, REWARDS, random.Random(0))
-    assert sorted(queues.dropped) == [0, 2] and queues.ready_groups() == [1] and queues.book.expected == 3 * G
+    assert sorted(queues.dropped) == [0, 2] and queues.update_book.ready() == [1] and queues.book.expected == 3 * G
     assert not queues.book.held
 
 
 def test_without_the_filter_every_prompt_is_queued_and_none_left_out():
     queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING)
     run_step(queues, REWARDS, random.Random(1))
-    assert queues.dropped == [] and queues.ready_groups() == list(range(6))
+    assert queues.dropped == [] and queues.update_book.ready() == list(range(6))
 
 
 def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
