@@ -445,9 +445,16 @@ class LoopPlanner:
         self.train = TrainSpeed(speeds.train_per_s)
         self.beside_train = speeds.beside_train
         self.since: list[float] | None = None
+        # The judge template's tokens around a prompt and its response: what of a judge prompt is neither,
+        # as the last round's responses and their judge requests show it (none before the first).
+        self.judge_template = 0.0
 
     def __call__(self, roles: list[str], queues, rng=None) -> list[str]:
         reports = queues.reports
+        templates = [len(judging.prompt_ids) - len(sample.prompt_ids) - len(sample.response_ids)
+                     for r in reports for sample, judging in r.responses]
+        if templates:
+            self.judge_template = sum(templates) / len(templates)
         if self.since is None:
             self.since = [math.inf] * len(roles)
         self.since = [s + queues.round_s for s in self.since]
@@ -473,11 +480,12 @@ class LoopPlanner:
 
     def state(self) -> dict:
         """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks, the
-        training speed, the engines' slowdown beside training."""
+        training speed, the engines' slowdown beside training, the judge template's tokens."""
         return {"fits": {role: list(fit.sums) for role, fit in self.fits.items()},
                 "costs": [[a, b, cost] for (a, b), cost in self.costs.items()],
                 "lengths": self.lengths.lengths.tolist(), "critiques": self.critiques.lengths.tolist(),
-                "since": self.since, "train_per_s": self.train.per_s, "beside_train": self.beside_train}
+                "since": self.since, "train_per_s": self.train.per_s, "beside_train": self.beside_train,
+                "judge_template": self.judge_template}
 
     def load_state(self, state: dict) -> None:
         for role, sums in state["fits"].items():
@@ -488,6 +496,7 @@ class LoopPlanner:
         self.since = state["since"]
         self.train.per_s = state["train_per_s"]  # in place: the loop's Placement holds this same estimate
         self.beside_train = state.get("beside_train", 1.0)  # a checkpoint from before it was measured: 1
+        self.judge_template = state.get("judge_template", 0.0)  # ... or before it was kept: none seen
 
     def measured_speeds(self) -> Speeds:
         engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
@@ -507,25 +516,27 @@ class LoopPlanner:
             rollout_prefill=sum(len(r.prompt_ids) + len(r.generated) for r in queues.queued(Role.ROLLOUT)),
             judge_waiting=len(queues.queued(Role.JUDGE)),
             judge_prefill=sum(len(r.prompt_ids) for r in queues.queued(Role.JUDGE)),
-            judge_prompt_tokens=prompt + self.lengths.mean(), train_ready=ready, train_generated=generated,
-            train_coming=coming, sample_tokens=prompt + self.lengths.mean(), early_train=queues.early_train,
+            prompt_tokens=prompt, judge_template_tokens=self.judge_template, train_ready=ready,
+            train_generated=generated, train_coming=coming, early_train=queues.early_train,
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)
 
 
 def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float, judge_waiting: int,
-              judge_prefill: float, judge_prompt_tokens: float, train_ready: float, train_generated: float,
-              train_coming: int, sample_tokens: float, early_train: bool, update_early: bool,
+              judge_prefill: float, prompt_tokens: float, judge_template_tokens: float, train_ready: float,
+              train_generated: float, train_coming: int, early_train: bool, update_early: bool,
               lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
     """What is left of a step, as the planner weighs it, from what rank 0 knows of it (the loop's
     LoopPlanner.work and the simulator both build it here): `rolling`, the tokens generated so far by
     every response not finished (queued or running; a migrated one has some), `judging`, those of every
     critique being written, `judge_waiting` responses queued for the judge, the prefill tokens queued for
-    each engine role, the judge prompt expected of a response still to come, the update's tokens judged
-    and ready now, those generated and not trained yet, and its samples still to come (book.Book.train_work)
-    at `sample_tokens` each (the prompt and the expected response: neither side knows a length before it
-    is generated), whether the step's rounds hand judged groups to train ranks at all
+    each engine role, a prompt's tokens and the judge template's around it and its response, the update's
+    tokens judged and ready now, those generated and not trained yet, and its samples still to come
+    (book.Book.train_work). A response still to come is priced at the expected length (neither side knows
+    one before it is generated): its sample at the prompt and the response, its judge prompt at those and
+    the template. Whether the step's rounds hand judged groups to train ranks at all
     (`early_train`: none are ready for them otherwise, as in a step rolled out before the first update).
     `lengths` and `critiques` estimate what each sequence has left."""
+    response = lengths.mean()
     return Work(
         rollout_seqs=len(rolling),
         rollout_tokens=float(lengths.remaining(rolling).sum()) if rolling else 0.0,
@@ -537,8 +548,8 @@ def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float,
         judge_longest=critiques.longest(0 if judge_waiting else min(judging)) if judging or judge_waiting else 0.0,
         judge_prefill=float(judge_prefill),
         critique_tokens=critiques.mean(),
-        judge_prompt_tokens=judge_prompt_tokens,
+        judge_prompt_tokens=prompt_tokens + judge_template_tokens + response,
         train_ready=train_ready if early_train else 0.0,
-        train_tokens=train_generated + train_coming * sample_tokens,
+        train_tokens=train_generated + train_coming * (prompt_tokens + response),
         update_early=update_early,
     )

@@ -806,9 +806,8 @@ class Simulation:
             rollout_prefill=float(len(queued) * step.prompt + step.gen[queued].sum()),
             judge_waiting=len(step.queue[Role.JUDGE]),
             judge_prefill=float(sum(step.prompt + step.judge_template + step.length[i] for i in step.queue[Role.JUDGE])),
-            judge_prompt_tokens=w.prompt_tokens + w.judge_template_tokens + self.lengths.mean(),
-            train_ready=ready, train_generated=generated, train_coming=coming,
-            sample_tokens=w.prompt_tokens + self.lengths.mean(), early_train=self._early_train(),
+            prompt_tokens=w.prompt_tokens, judge_template_tokens=w.judge_template_tokens,
+            train_ready=ready, train_generated=generated, train_coming=coming, early_train=self._early_train(),
             update_early=self.update is not None and self.max_staleness > 0,
             lengths=self.lengths, critiques=self.critiques)
 

@@ -296,7 +296,7 @@ def test_parse_split():
 def test_loop_adapter_reads_step_queues():
     report = lambda role, generated, seconds: SimpleNamespace(  # noqa: E731
         role=role, generated=generated, in_flight_tokens=sum(generated) + 10 * len(generated),
-        engine_steps=[(len(generated), seconds, 0)] if generated else [], train_s=0.0)
+        engine_steps=[(len(generated), seconds, 0)] if generated else [], train_s=0.0, responses=[])
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 2, update_book=SimpleNamespace(train_work=lambda: (0, 0, 1)),
@@ -308,6 +308,14 @@ def test_loop_adapter_reads_step_queues():
     roles = adapter(["rollout", "rollout", "rollout", "judge"], queues)
     assert roles.count("rollout") == 1 and roles[0] == "rollout"  # idle rollout ranks go to the judge backlog
     assert adapter.work(queues).rollout_seqs == 1 and adapter.work(queues).judge_seqs == 402
+    assert adapter.work(queues).judge_prompt_tokens == 10 + 0 + LengthEstimate([20, 40, 64], 64).mean()
+    # A response and its judge request: what of the judge prompt is neither prompt nor response is the
+    # template, which a response still to come is priced with, as the simulator prices it.
+    sample = SimpleNamespace(prompt_ids=[0] * 10, response_ids=[0] * 30)
+    queues.reports[0].responses = [(sample, request(10 + 30 + 200))]
+    adapter(["rollout", "rollout", "rollout", "judge"], queues)
+    assert adapter.judge_template == 200 and adapter.state()["judge_template"] == 200
+    assert adapter.work(queues).judge_prompt_tokens == 10 + 200 + LengthEstimate([20, 40, 64], 64).mean()
 
 
 @settings(max_examples=100, deadline=None)
@@ -333,7 +341,8 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
     # A step rolled out before the first update (--max-staleness > 0): its groups are judged, but no train
     # rank gets them (StepQueues.early_train is False), so a rank sent to train would idle.
     report = lambda role, generated: SimpleNamespace(role=role, generated=generated,  # noqa: E731
-                                                     in_flight_tokens=sum(generated), engine_steps=[], train_s=0.0)
+                                                     in_flight_tokens=sum(generated), engine_steps=[], train_s=0.0,
+                                                     responses=[])
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 4, update_book=SimpleNamespace(train_work=lambda: (4000, 8000, 0)),
         train_pool=None,
@@ -368,7 +377,7 @@ def test_loop_adapter_measures_the_engines_beside_training():
     # Judge steps of a round in which a rank trained take 1.5 times what the fit of the other rounds says:
     # the adapter's estimate moves halfway there each such round, and those steps leave the fit alone.
     report = lambda role, steps, train_s: SimpleNamespace(  # noqa: E731
-        role=role, generated=[5] * 8, in_flight_tokens=80, engine_steps=steps, train_s=train_s)
+        role=role, generated=[5] * 8, in_flight_tokens=80, engine_steps=steps, train_s=train_s, responses=[])
     adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
     fixed, per_seq = adapter.fits["judge"].fit()
     alone = fixed + per_seq * 8
