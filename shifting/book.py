@@ -289,6 +289,16 @@ class Book:
         return round_seconds(round_steps, self.recent_steps.median(), self.recent_steps.longest(),
                              self.exchange_s, **rules)
 
+    def colocated(self, role: str, in_flight: dict[str, int]) -> tuple[str, bool]:
+        """Colocated's role for every rank (`colocated_role`), from the ranks' `role` now and the sequences
+        each engine role has `in_flight`, and whether the round is timed: only while that role has work
+        queued. With none queued nothing can change before every engine has run empty, so the ranks
+        report once, then; with work queued a rank that runs empty ends the round so that it gets some."""
+        queue = self.queue
+        new = colocated_role(role, bool(queue[Role.ROLLOUT] or in_flight[Role.ROLLOUT]),
+                             bool(queue[Role.JUDGE] or in_flight[Role.JUDGE]))
+        return new, bool(queue[new])
+
     def done(self) -> bool:
         """Every sample the step admitted is judged."""
         return self.judged == self.expected

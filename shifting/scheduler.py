@@ -475,13 +475,11 @@ class StepQueues:
 
 
 def colocated_roles(roles: list[str], queues: StepQueues, rng: random.Random) -> tuple[list[str], Rounds]:
-    """Every rank rolls out, then every rank judges, once no rollout is left anywhere. With nothing
-    queued, nothing can change before every engine has run empty: ranks report once, then; with work
-    queued, a rank that runs empty ends the round so that it gets some. The prompts --filter-groups
-    admits while the ranks judge wait until the judging is done: one switch back, not one a round."""
-    role = book.colocated_role(roles[0], queues.pending(Role.ROLLOUT),
-                               bool(queues.book.queue[Role.JUDGE] or queues.in_flight[Role.JUDGE]))
-    return [role] * len(roles), queues.timed_round() if queues.book.queue[role] else Rounds()
+    """Every rank rolls out, then every rank judges, once no rollout is left anywhere; a round is timed only
+    while that role has work queued (book.Book.colocated). The prompts --filter-groups admits while the
+    ranks judge wait until the judging is done: one switch back, not one a round."""
+    role, timed = queues.book.colocated(roles[0], queues.in_flight)
+    return [role] * len(roles), queues.timed_round() if timed else Rounds()
 
 
 def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate: float) -> tuple[list[str], Rounds]:

@@ -377,11 +377,10 @@ class Simulation:
         timed = Round(step.round_seconds(rules.round_steps, first_engine_step_s=rules.first_engine_step_s,
                                          over_exchange=rules.over_exchange, over_longest=rules.over_longest),
                       early=True)
-        if self.placement == "colocated":  # shifting/scheduler.py colocated_roles
-            rolling = step.queue[Role.ROLLOUT] or any(s.running for s in self.slots if s.role == Role.ROLLOUT)
-            judging = step.queue[Role.JUDGE] or any(s.running for s in self.slots if s.role == Role.JUDGE)
-            role = book.colocated_role(self.slots[0].role, bool(rolling), bool(judging))
-            return [role] * len(roles), timed if step.queue[role] else Round(None, early=False)
+        if self.placement == "colocated":  # book.Book.colocated, as shifting/scheduler.py colocated_roles
+            in_flight = {role: sum(len(s.running) for s in self.slots if s.role == role) for role in ENGINE_ROLES}
+            role, is_timed = step.colocated(self.slots[0].role, in_flight)
+            return [role] * len(roles), timed if is_timed else Round(None, early=False)
         if self.placement == "pivot":
             return planner.apply_moves(roles, self._plan()), timed
         return roles, timed

@@ -1,4 +1,5 @@
 """The scheduling book's rules (shifting/book.py), which the loop and the simulator both call."""
+import sys
 from collections import deque
 from dataclasses import replace
 
@@ -86,9 +87,16 @@ def test_colocated_rolls_out_then_judges_and_stays_while_judging():
 
 
 @pytest.fixture
-def asked(book_calls):
-    """The calls of book.colocated_role: (the calling module, the rule, its arguments, its answer)."""
-    return book_calls("colocated_role")
+def asked(monkeypatch):
+    """The calls of book.Book.colocated: (the calling module, its arguments, its answer)."""
+    calls, rule = [], Book.colocated
+
+    def spy(self, *args):
+        answer = rule(self, *args)
+        calls.append((sys._getframe(1).f_globals["__name__"], args, answer))
+        return answer
+    monkeypatch.setattr(Book, "colocated", spy)
+    return calls
 
 
 def test_the_loop_and_the_simulator_keep_one_book():
@@ -120,7 +128,7 @@ def test_the_loop_and_the_simulator_choose_colocated_roles_by_the_book(asked):
     model = C.GpuModel(cal, "dense-8b-32b")
     Simulation(model, C.gpu_workload(cal, 2), 4, "colocated",
                config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)).run(1)
-    assert {who for who, name, _, _ in asked if name == "colocated_role"} == {"shifting.scheduler", "sim.engine"}
+    assert {who for who, _, _ in asked} == {"shifting.scheduler", "sim.engine"}
 
 
 def test_a_training_rank_counts_among_the_ranks_working_beside_an_engine_step():
