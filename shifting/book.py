@@ -220,13 +220,13 @@ class Book:
             requeue(self.queue[role], [i for i in exported if self.phase[i] == IN_FLIGHT[role] - 1])
 
     def ingest(self, finished: list[int], exported: list[int], tokens) -> list[int]:
-        """One rank's report, read in rank order: its finished responses (`tokens[i]` long, prompt and
+        """One rank's report, read in rank order: its finished responses (`tokens(i)` long, prompt and
         response) join the judge's queue, its verdicts complete groups, and what it exported goes back to
         the head of its queue. Returns the groups its verdicts completed."""
         complete = []
         for i in finished:
             if self.phase[i] == ROLLING:
-                self.respond(i, tokens[i])
+                self.respond(i, float(tokens(i)))
             elif self.judge(i):
                 complete.append(i // self.group_size)
         self.requeue(exported)

@@ -539,9 +539,8 @@ class Simulation:
 
     def _ingest(self) -> None:
         """Rank 0 reads the reports, in slot order (book.Book.ingest, as StepQueues.ingest)."""
-        drawn = self.step.drawn_tokens(slice(None))
         for slot in self.slots:
-            self.step.ingest(slot.finished, slot.exported, drawn)
+            self.step.ingest(slot.finished, slot.exported, self.step.drawn_tokens)
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
