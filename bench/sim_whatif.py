@@ -53,6 +53,9 @@ CASES = {
     "prefill intake": ("pivot's engines take new work only as far as they prefill it within the round; the rest "
                        "waits at rank 0 for the planner and for slots that join the role (not in the loop)",
                        {}, {"prefill_intake": True}),
+    "deep pipeline": ("at K > 0 each update waits for its own step alone, with up to K + 1 steps in flight, each "
+                      "begun once weights K updates older than its own update are out (not in the loop, which "
+                      "rolls step u + K out to its end beside update u)", {}, {"deep_pipeline": True}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }

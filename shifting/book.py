@@ -145,7 +145,8 @@ class Book:
     groups' verdicts still to come, the groups handed to the train ranks and those left out, and the step's
     recent engine steps and last exchange, which time its rounds. Samples are numbered prompt x G + sample;
     once the next step begins during this one (`extend`) its samples follow this step's `n` in every array
-    and queue, until the step ends and `carry` takes them out again. `admitted`: the samples queued at once
+    and queue, until the step ends and `carry` takes them out again; a step begun after it follows it so
+    (the loop begins one at most; the simulator's `deep_pipeline` what-if, --max-staleness of them). `admitted`: the samples queued at once
     (--filter-groups admits the others group by group, `drop`); all of them by default."""
 
     SAMPLE_ARRAYS = ("phase", "tokens")  # per sample, what `extend` joins and `carry` splits (a subclass adds its own)
@@ -166,7 +167,7 @@ class Book:
         self.generated = self.judged = 0  # of its own samples
         self.recent_steps = RecentSteps(ranks)
         self.exchange_s = 0.0  # the step's last exchange with rank 0: none before its first
-        self.ahead: Book | None = None  # the next step, begun during this one
+        self.aheads: list[Book] = []  # the next steps, begun during this one, in order
 
     @classmethod
     def judged_pool(cls, tokens: dict[int, int], group_size: int) -> "Book":
@@ -183,8 +184,14 @@ class Book:
         return pool
 
     def _own(self, i: int) -> "Book":
-        """The book that counts sample i: this step's, or the next step's, begun during it."""
-        return self if i < self.n else self.ahead
+        """The book that counts sample i: this step's, or that of a next step, begun during it."""
+        if i < self.n:
+            return self
+        for book in [self] + self.aheads:
+            if i < book.n:
+                return book
+            i -= book.n
+        raise IndexError(f"sample {i} is beyond the steps begun")
 
     # -- reports ------------------------------------------------------------------------------------
 
@@ -304,23 +311,25 @@ class Book:
         return self.judged == self.expected
 
     def judging_left(self) -> bool:
-        """Verdicts still to come, of this step or of the next, begun during it."""
-        return not self.done() or (self.ahead is not None and not self.ahead.done())
+        """Verdicts still to come, of this step or of the next ones, begun during it."""
+        return not all(book.done() for book in [self] + self.aheads)
 
     # -- the next step, begun during this one ---------------------------------------------------------
 
     def extend(self, ahead: "Book") -> None:
-        """The next step's samples join this step's arrays, after its own `n`, and its rollout queue behind
-        what is queued (the update published during this step); `carry` takes them out again."""
-        self.ahead = ahead
+        """The next step's samples join this step's arrays, after its own `n` and those of the steps begun
+        before it, and its rollout queue behind what is queued (the update published during this step);
+        `carry` takes them out again."""
+        offset = self.n + sum(book.n for book in self.aheads)
+        self.aheads.append(ahead)
         for name in self.SAMPLE_ARRAYS + self.GROUP_ARRAYS:
             setattr(self, name, np.concatenate([getattr(self, name), getattr(ahead, name)]))
-        self.queue[Role.ROLLOUT].extend(i + self.n for i in ahead.queue[Role.ROLLOUT])
+        self.queue[Role.ROLLOUT].extend(i + offset for i in ahead.queue[Role.ROLLOUT])
 
     def carry(self, exported: list[int]) -> "Book":
-        """As the step ends (every own sample judged): the next step's book, with what of it is done, its
-        queues and, first in them, the sequences the engines export now."""
-        ahead, n, groups = self.ahead, self.n, self.n // self.group_size
+        """As the step ends (every own sample judged): the next step's book, with what of it (and of the
+        steps begun after it) is done, its queues and, first in them, the sequences the engines export now."""
+        ahead, n, groups = self.aheads[0], self.n, self.n // self.group_size
         assert all(i >= n for queue in self.queue.values() for i in queue), "a request of the ending step is left"
         for name in self.SAMPLE_ARRAYS + self.GROUP_ARRAYS:
             whole, cut = getattr(self, name), n if name in self.SAMPLE_ARRAYS else groups
@@ -328,5 +337,5 @@ class Book:
             setattr(self, name, whole[:cut])
         ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
         ahead.requeue([i - n for i in exported])
-        self.ahead = None
+        ahead.aheads, self.aheads = self.aheads[1:], []
         return ahead

@@ -215,7 +215,6 @@ class StepQueues:
         self.book = book.Book(len(requests), self.group_size, ranks=ranks, admitted=admitted * self.group_size)
         self.requests = dict(enumerate(requests))  # by sample number: the request queued or in flight for it
         self.filter_groups = filter_groups is not None
-        self.dropped: list[int] = []  # groups left out of the update (prompt indices), as they were judged
         self.samples: dict[tuple[int, int], Sample] = {}
         self.in_flight = dict.fromkeys(ENGINE_ROLES, 0)
         self.parse_failures = 0
@@ -273,9 +272,10 @@ class StepQueues:
         self.judge_runs, self.parse_failures, self.migrated = carried.judge_runs, carried.parse_failures, carried.migrated
 
     def number(self, request: Request | Verdict) -> int:
-        """A request's or a verdict's sample number in the book: prompt x G + sample within its step, the
-        next step's after this step's own."""
-        return self.sample_id(request.step, request.key)
+        """A request's or a verdict's sample number in the book and the trace: prompt x G + sample within its
+        step, the next step's after this step's own, as the simulator numbers its samples (sim/engine.py
+        Step)."""
+        return (request.step - self.step) * self.book.n + request.key[0] * self.group_size + request.key[1]
 
     def queued(self, role: str) -> list[Request]:
         """The requests in the role's queue, from its head."""
@@ -318,18 +318,13 @@ class StepQueues:
             self.trace.append({"carry": numbers})
         return self.ahead
 
-    def sample_id(self, step: int, key: tuple[int, int]) -> int:
-        """A sample's number in the trace: prompt x G + sample within its step, the next step's after this
-        step's own, as the simulator numbers its samples (sim/engine.py Step)."""
-        return (step - self.step) * self.book.n + key[0] * self.group_size + key[1]
-
     def trace_round(self, reports: list[Report], orders: list["Orders"]) -> None:
         """--trace-rounds: what rank 0 read from every rank this round (its role, the samples it finished and
         exported, how many it has in flight, the groups it trained, whether it made the update) and what it
         ordered (the roles, the samples each rank takes, the groups handed to train, publish, update,
         done, a timed round, and its seconds), with when rank 0 ordered it (`at`, seconds into the step) and
-        samples by their trace numbers (`sample_id`)."""
-        ids = lambda requests: [self.sample_id(r.step, r.key) for r in requests]  # noqa: E731
+        samples by their numbers (`number`)."""
+        ids = lambda requests: [self.number(r) for r in requests]  # noqa: E731
         train = next((o.train for o in orders if o.train), [])
         self.trace.append({
             "reports": [{"role": r.role, "responses": ids(judging for _, judging in r.responses),
@@ -411,8 +406,6 @@ class StepQueues:
     def _drop(self, group: list[Sample]) -> None:
         """--filter-groups: a group of equal rewards leaves the update, and the next prompt the step may
         draw, if any is left, is admitted in its place: its G requests are queued now (book.Book.drop)."""
-        assert group[0].prompt_index not in self.trained, f"group {group[0].prompt_index} trained, then left out"
-        self.dropped.append(group[0].prompt_index)
         for s in group:
             s.dropped = True
         self.book.drop(group[0].prompt_index)

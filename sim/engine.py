@@ -65,7 +65,7 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
     --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
     the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
-    change, two switches that turn its rules off, and one that adds a rule it lacks:
+    change, two switches that turn its rules off, and two that add rules it lacks:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
@@ -74,7 +74,12 @@ class RoundRules:
       prefill_intake      pivot's engines take new work in a timed round only as far as they prefill it in
                           the round (one request at least); the rest waits at rank 0, where the planner sees
                           it and a slot that joins the role can take it (off, as the loop does: up to the
-                          engine's room)"""
+                          engine's room)
+      deep_pipeline       at --max-staleness K > 0 an update waits for its own step alone: each update's
+                          rounds end once the next update's step is judged, while the K - 1 after it roll
+                          on, and step s begins as soon as weights s - K are published, so K + 1 steps are
+                          in flight at most (off, as the loop does: each update's rounds roll step u + K
+                          out to its end, and one step begins ahead of it; pipeline.py)"""
     round_steps: int = book.ROUND_STEPS
     poll_s: float = book.POLL_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -84,6 +89,7 @@ class RoundRules:
     step_on: bool = True
     shifts_stall_all: bool = False
     prefill_intake: bool = False
+    deep_pipeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,20 +162,6 @@ class Step(book.Book):
         self.prompt, self.judge_template = workload.prompt_tokens, workload.judge_template_tokens
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
-        self.train_ready = self.train_done = 0.0  # tokens of the judged groups; of those trained
-
-    def judge(self, i: int) -> bool:
-        """A verdict (book.Book.judge); an own group it completes is ready to train, its tokens counted."""
-        complete = super().judge(i)
-        if complete and i < self.n:
-            self.train_ready += float(self.drawn_tokens(self.members(i // self.group_size)).sum())
-        return complete
-
-    def carry(self, exported: list[int]) -> "Step":
-        ahead = super().carry(exported)
-        complete = np.flatnonzero(ahead.group_left == 0)
-        ahead.train_ready = float(sum(ahead.drawn_tokens(ahead.members(g)).sum() for g in complete))
-        return ahead
 
     def drawn_tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
@@ -185,7 +177,6 @@ class Step(book.Book):
         self.generated = self.judged = self.n
         self.group_left[:] = 0
         self.queue[Role.ROLLOUT].clear()
-        self.train_ready = float(self.drawn_tokens(slice(None)).sum())
 
 
 class Simulation:
@@ -240,15 +231,22 @@ class Simulation:
         next, as every step in the middle of a long run does. Runs at several K skip so that their timed
         updates roll out the same steps (at K = 0 and K = 2, skip 3 and 1: steps 3 and 4 for two timed
         updates)."""
-        k, last = self.max_staleness, skip + steps + self.max_staleness
+        k = self.max_staleness
+        pipe = self.pipe_depth(k, self.rules)  # how far ahead of the update the step its rounds roll out to its end is
+        last = skip + steps + pipe
         step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
         pending, trained, result = deque(), [], None
         self.carried, self.ahead_index = None, None  # the next step's work begun by the step before (Step.carry)
+        self.begun = -1  # deep_pipeline: the last step begun
         for update in range(last):
-            ahead, beside = pipeline.rollouts(update, len(pending), k, last)
+            ahead, beside = pipeline.rollouts(update, len(pending), pipe, last)
             for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
                 pending.append(self._new_step(index, version=0))
-                if self.placement == "disaggregated":  # a fixed split's fill ends as it began, every slot idle
+                if pipe < k:  # deep_pipeline: the K steps after it begin with it, under the first weights
+                    self.begun = index
+                    self._begin(pending[-1], index + k, version=0)
+                    self._step(pending[-1], None)
+                elif self.placement == "disaggregated":  # a fixed split's fill ends as it began, every slot idle
                     pending[-1].judge_all()
                 else:
                     self._step(pending[-1], None)
@@ -259,18 +257,21 @@ class Simulation:
                 rolled = self._new_step(beside, version=update)
             assert rolled is None or rolled.index == beside
             # At K > 0 an update made during the rollout is published then, and the next step begins (no
-            # checkpoint is simulated).
-            self.ahead_index = book.ahead_step(beside, k, last + 1, checkpoint=False)
-            update_step = pending.popleft() if k else rolled
+            # checkpoint is simulated): deep_pipeline's K ahead of the step rolled out to its end.
+            if pipe < k:  # what an update published after its step's end would have begun begins now
+                self._begin(rolled, min(update + k, last + k - 1), version=update)
+                self.ahead_index = update + 1 + k if update + 1 + k < last + k else None
+            else:
+                self.ahead_index = book.ahead_step(beside, k, last + 1, checkpoint=False)
+            update_step = pending.popleft() if pipe else rolled
             timed, start = skip <= update < skip + steps, self.now
             if timed:
                 path, least = self._critical_path(rolled), self._work_bound(rolled, update_step)
                 critical, work, bound = critical + path, work + least, bound + max(least, path / (k + 1))
             self._step(rolled, update_step)
-            total = float(update_step.drawn_tokens(slice(None)).sum())
-            assert update_step.train_done == update_step.train_ready == total
+            assert update_step.done() and update_step.through()
             trained.append((update, update_step.index, update_step.version))
-            if k and rolled is not None:
+            if pipe and rolled is not None:
                 pending.append(rolled)
             if rolled is None:  # the pipeline's drain
                 continue
@@ -293,6 +294,19 @@ class Simulation:
                                 dict(self.split), dict(self.slot_s), dict(self.phases), critical, self.rounds,
                                 bound, work, trained)
         return result
+
+    @staticmethod
+    def pipe_depth(max_staleness: int, rules: RoundRules) -> int:
+        """How many updates after its rollout a step is trained in the update whose rounds roll it out to
+        its end: K (pipeline.py), or 1 under deep_pipeline, whose steps begin up to K ahead of it."""
+        return min(max_staleness, 1) if rules.deep_pipeline else max_staleness
+
+    def _begin(self, head: Step, last: int, version: int) -> None:
+        """deep_pipeline: every step up to `last` not begun yet begins now, under weights `version`, behind
+        `head` and the steps begun after it."""
+        for index in range(self.begun + 1, last + 1):
+            head.extend(self._new_step(index, version=version))
+        self.begun = max(self.begun, last)
 
     def _new_step(self, index: int, version: int) -> Step:
         """Step `index`'s samples, drawn now, rolled out under weights `version`."""
@@ -332,7 +346,7 @@ class Simulation:
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
         self.judge_end = self.now
-        if step is not None and step.ahead is not None:
+        if step is not None and step.aheads:
             self._carry(step)
         if update is not None:
             self._finish(update)
@@ -350,7 +364,7 @@ class Simulation:
         """Whether the train slots make the update now, at the round's start (book.update_due, as
         StepQueues.update_due): it is an earlier step's, and they have trained every group of it."""
         update, early = self.update, self.max_staleness > 0 and self._early_train()
-        trained = early and update.train_done >= update.train_ready == float(update.drawn_tokens(slice(None)).sum())
+        trained = early and update.through()
         return book.update_due(early, trained, self.made)
 
     def _publish(self) -> None:
@@ -363,12 +377,13 @@ class Simulation:
         for slot in self.slots:
             if slot.role == Role.ROLLOUT:
                 slot.prefill_s += reload + self._context(Role.ROLLOUT, slot.running) / self.model.prefill_per_s[Role.ROLLOUT]
-        self.step.extend(self._new_step(self.ahead_index, version=self.step.version + 1))
+        self.step.extend(self._new_step(self.ahead_index, version=self.ahead_index - self.max_staleness))
+        self.begun = self.ahead_index
         self.published = True
 
     def _grads(self) -> bool:
         """Whether the train slots hold gradients accumulated early, which a change of group carries."""
-        return self.update is not None and self.update.train_done > 0
+        return self.update is not None and bool(self.update.trained.any())
 
     def _orders(self) -> tuple[list[str], Round]:
         """Rank 0's orders (the loop's Placement.next_roles): every slot's role from now on, and how long the
@@ -524,7 +539,6 @@ class Simulation:
                 self._touch(self.slots[index])
         if self.train_groups:
             self.update.train([group for group, _, _ in self.train_groups])
-            self.update.train_done += sum(tokens for _, tokens, _ in self.train_groups)
         self.train_groups = []
         return trained or any(s.stepped for s in self.slots)
 
@@ -551,15 +565,15 @@ class Simulation:
         # update_during_rollout), the update needs no slot to move to train. One whose last groups were
         # trained in the step's last round is made now, by its whole group, as the loop makes it.
         if everyone and not self.made:  # the update waits for its whole group
-            self._apply([Role.TRAIN] * len(self.slots), grads=step.train_done > 0)
+            self._apply([Role.TRAIN] * len(self.slots), grads=bool(step.trained.any()))
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
-        left, n = step.train_ready - step.train_done, max(1, len(trainers))
+        left, n = step.train_work()[0], max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.
         publish = 0.0 if self.published else self.model.publish_seconds(n)  # else it went out during the step
         end = self.now + left / (n * self.model.train_per_s(n)) * self.model.contention(n) + publish
         self._account(end, state=Role.TRAIN)
         self.now = end
-        step.train_done = step.train_ready
+        step.train(step.ready())
         if everyone:
             self._apply([Role.ROLLOUT] * len(self.slots), grads=False)
         elif not self.published:  # a reload of the new weights, not a change of role; collective like any apply
@@ -584,7 +598,7 @@ class Simulation:
             return sum(m.engine_step_seconds(role, 1, context + k) * min(block, tokens - k)
                        for k in range(0, tokens, block))
 
-        top = lambda x: np.argsort(x)[-8:].tolist()  # noqa: E731
+        top = lambda x: np.argsort(x[:step.n])[-8:].tolist()  # noqa: E731 (its own samples, not those begun after it)
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
         judge_prompt = step.prompt + step.judge_template
         return max(step.prompt / m.prefill_per_s[Role.ROLLOUT] + alone(Role.ROLLOUT, step.prompt, int(step.length[i]))
@@ -603,8 +617,9 @@ class Simulation:
         m, judge_prompt = self.model, step.prompt + step.judge_template
         slots = min(len(self.slots), m.cores or len(self.slots))
         seconds = 0.0
-        for role, prompts, lengths in ((Role.ROLLOUT, np.full(step.n, step.prompt), step.length),
-                                       (Role.JUDGE, judge_prompt + step.length, step.critique)):
+        own = slice(step.n)  # not the steps begun after it
+        for role, prompts, lengths in ((Role.ROLLOUT, np.full(step.n, step.prompt), step.length[own]),
+                                       (Role.JUDGE, judge_prompt + step.length[own], step.critique[own])):
             per_token, per_context = m.token_seconds(role)
             prompts, lengths = prompts.astype(np.float64), lengths.astype(np.float64)
             context = float((lengths * prompts + lengths * (lengths - 1) / 2).sum())

@@ -131,7 +131,6 @@ class Replay(Simulation):
         kept = [g for g in self.train_groups if g[0] in trained]
         if self.train_groups:
             self.update.train([g for g, _, _ in kept])
-            self.update.train_done += sum(tokens for _, tokens, _ in kept)
         self.train_groups, self.train_left = [], 0.0
         return True
 

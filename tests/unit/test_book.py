@@ -110,7 +110,7 @@ def test_the_loop_and_the_simulator_keep_one_book():
     step = Step(replace(C.gpu_workload(cal, 3), group_size=2), np.random.default_rng(0))
     assert isinstance(queues.book, Book) and isinstance(step, Book) and step.n == queues.book.n == 6
     overridden = {name for name in vars(Step) if name in vars(Book) and not name.startswith("__")}
-    assert overridden == {"judge", "carry", "SAMPLE_ARRAYS"}  # each calls the book's own
+    assert overridden == {"SAMPLE_ARRAYS"}  # it adds arrays, and no rule
     keys = [r.key for r in queues.queued("rollout")]
     running = queues.dispatch(["rollout", "rollout"], 2, [0, 0])  # four of six go to two engines
     assert step.dispatch("rollout", [0, 0], 2) == [[queues.number(r) for r in work] for work in running]
@@ -160,3 +160,29 @@ def test_the_planner_is_told_what_of_the_update_is_generated_and_what_is_still_t
     assert b.train_work() == (0.0, 30.0, 3) and not b.through()
     with pytest.raises(AssertionError, match="trained twice"):
         b.train([0])
+
+
+def test_steps_begun_one_after_another_join_the_book_in_order_and_leave_it_one_at_a_time():
+    """Two next steps begun during a step (the simulator's deep_pipeline): each one's samples follow those
+    begun before it, its verdicts count in its own book, and each step's end carries the rest, the
+    sequences exported first."""
+    head, second, third = Book(4, 2), Book(4, 2), Book(4, 2)
+    head.extend(second)
+    head.extend(third)
+    assert list(head.queue["rollout"]) == list(range(12)) and len(head.phase) == 12
+    head.dispatch("rollout", [0], 12)
+    for i in range(12):
+        head.respond(i, 10.0 + i)
+    head.dispatch("judge", [0], 12)
+    assert [head.judge(i) for i in (9, 8, 0, 1, 2, 3)] == [False, True, False, True, False, True]
+    assert head.done() and third.judged == 2 and second.judged == 0 and head.judging_left()
+    assert head.ready() == [0, 1]  # its own groups alone
+    nxt = head.carry([5, 4, 6, 7, 10, 11])  # every sequence in flight, as a step's end exports them
+    assert nxt is second and nxt.aheads == [third] and list(nxt.queue["judge"]) == [1, 0, 2, 3, 6, 7]
+    assert nxt.tokens.tolist() == [14.0 + i for i in range(8)] and nxt.group_left.tolist() == [2, 2, 0, 2]
+    nxt.dispatch("judge", [0], 12)
+    for i in (0, 1, 2, 3):
+        nxt.judge(i)
+    last = nxt.carry([6, 7])
+    assert last is third and last.aheads == [] and list(last.queue["judge"]) == [2, 3]
+    assert last.judged == 2 and last.group_left.tolist() == [0, 2] and last.tokens.tolist() == [18.0, 19.0, 20.0, 21.0]

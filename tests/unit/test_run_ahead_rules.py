@@ -153,7 +153,7 @@ def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot
         apply(roles, grads)
 
     def record_finish(step):
-        made, trained, before = sim.made, step.train_done >= step.train_ready, len(moves)
+        made, trained, before = sim.made, step.through(), len(moves)
         finish(step)
         ends.append((made, trained, ["train"] * 8 in moves[before:]))
 

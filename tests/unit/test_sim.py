@@ -12,7 +12,7 @@ import planner
 from conftest import BENCH_JSON
 from sim import calibration as C
 from sim.__main__ import simulate
-from sim.engine import RoundRules, Simulation
+from sim.engine import RoundRules, Simulation, Step
 from sim.split import best_split, node_unit
 
 
@@ -34,12 +34,33 @@ def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules
     return sim, sim.run(steps), pushes
 
 
+@pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
+def test_the_deep_pipeline_keeps_the_bound_with_up_to_k_plus_one_steps_in_flight(cal, monkeypatch, placement):
+    """The deep_pipeline what-if at K = 2: update u trains step u, sampled by weights at most K older; up to
+    K + 1 steps are in flight at once, each begun under the weights its update may be K ahead of; every
+    sample of a trained step is generated and judged once."""
+    in_flight, begun, extend = [], [], Step.extend
+
+    def extended(step, ahead):
+        extend(step, ahead)
+        in_flight.append(1 + len(step.aheads))
+        begun.append((ahead.index, ahead.version))
+
+    monkeypatch.setattr(Step, "extend", extended)
+    sim, result, _ = run(cal, placement, rules=RoundRules(deep_pipeline=True), staleness=2, steps=3)
+    assert [(u, s) for u, s, _ in result.trained] == [(u, u) for u in range(len(result.trained))]
+    assert all(0 <= u - version <= 2 for u, _, version in result.trained)
+    assert max(in_flight) == 3 and all(0 <= index - version <= 2 for index, version in begun)
+    step = sim.step
+    assert (step.gen[:step.n] == step.length[:step.n]).all() and (step.cgen[:step.n] == step.critique[:step.n]).all()
+
+
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
 def test_every_sample_generated_judged_and_trained_once(cal, placement):
     sim, result, pushes = run(cal, placement)
     step = sim.step
     assert (step.phase == 4).all() and step.generated == step.judged == step.n == 8 * 16
-    assert step.train_done == step.train_ready == float((step.prompt + step.length).sum())
+    assert step.through() and (step.tokens == step.prompt + step.length).all()
     assert (step.gen == step.length).all() and (step.cgen == step.critique).all()  # no token lost or repeated
     assert result.samples == 2 * step.n and all(s > 0 for s in result.step_seconds)
     assert all(t >= now - 1e-9 for t, now in pushes)  # no event scheduled in the past
@@ -48,13 +69,16 @@ def test_every_sample_generated_judged_and_trained_once(cal, placement):
         assert result.shifts > 0
 
 
-def test_pivot_migrates_trains_early_and_still_loses_nothing(cal):
+def test_pivot_migrates_trains_early_and_still_loses_nothing(cal, monkeypatch):
+    early, finish = [], Simulation._finish
+    monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (early.append(int(step.trained.sum())),
+                                                                  finish(sim, step)))
     sim, result, _ = run(cal, "pivot", slots=16, prompts=16, steps=1)
     assert result.shifts > 2 * 16  # more than the step-end moves: the planner moved slots mid-step
     assert sim.step.judged == sim.step.n
-    # Some groups were handed to train slots while the step still ran, each once (run() checks that
-    # the update trained every token once); the rest at the end.
-    assert 0 < sim.step.trained.sum() < len(sim.step.trained)
+    # Some groups were handed to train slots while the step still ran, each once (Book.train refuses a
+    # group twice); the rest at the end, and run() checks that the update trained every group.
+    assert 0 < early[-1] < len(sim.step.trained) and sim.step.through()
 
 
 def test_prefill_intake_holds_work_at_rank_0_and_loses_nothing(cal):
@@ -332,12 +356,13 @@ def test_train_slots_past_their_time_stop_at_the_group_boundary_once_the_others_
                      config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots),
                      split={"rollout": 3, "judge": 2, "train": 3})
     rounds, round_ = [], sim._round
+    trained = lambda book: float(book.tokens[np.repeat(book.trained, book.group_size)].sum())  # noqa: E731
 
     def traced(rnd):
-        before, waited, start = sim.update.train_done if sim.update is not None else 0.0, sim.slot_s["waiting"], sim.now
+        before, waited, start = trained(sim.update) if sim.update is not None else 0.0, sim.slot_s["waiting"], sim.now
         worked = round_(rnd)
         if sim.update is not None:
-            rounds.append((sim.update, sim.update.train_done - before, sim.slot_s["waiting"] - waited, sim.now - start))
+            rounds.append((sim.update, trained(sim.update) - before, sim.slot_s["waiting"] - waited, sim.now - start))
         return worked
 
     sim._round = traced
