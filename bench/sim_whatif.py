@@ -56,6 +56,10 @@ CASES = {
     "deep pipeline": ("at K > 0 each update waits for its own step alone, with up to K + 1 steps in flight, each "
                       "begun once weights K updates older than its own update are out (not in the loop, which "
                       "rolls step u + K out to its end beside update u)", {}, {"deep_pipeline": True}),
+    "carry running": ("as a step ends the engines go on with the next step's sequences where they are (not in "
+                      "the loop, which exports them and prefills them again in the next step)", {},
+                      {"carry_running": True}),
+    "deep + carry": ("deep pipeline and carry running together", {}, {"deep_pipeline": True, "carry_running": True}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }

@@ -65,7 +65,7 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
     --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
     the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
-    change, two switches that turn its rules off, and two that add rules it lacks:
+    change, two switches that turn its rules off, and three that add rules it lacks:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
@@ -79,7 +79,10 @@ class RoundRules:
                           rounds end once the next update's step is judged, while the K - 1 after it roll
                           on, and step s begins as soon as weights s - K are published, so K + 1 steps are
                           in flight at most (off, as the loop does: each update's rounds roll step u + K
-                          out to its end, and one step begins ahead of it; pipeline.py)"""
+                          out to its end, and one step begins ahead of it; pipeline.py)
+      carry_running       as a step ends, the engines go on with the next steps' sequences where they are,
+                          renumbered in the next step's book (off, as the loop does: they export them, and
+                          the next step queues them first and prefills each again where it lands)"""
     round_steps: int = book.ROUND_STEPS
     poll_s: float = book.POLL_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -90,6 +93,7 @@ class RoundRules:
     shifts_stall_all: bool = False
     prefill_intake: bool = False
     deep_pipeline: bool = False
+    carry_running: bool = False
 
 
 @dataclass(frozen=True)
@@ -352,11 +356,15 @@ class Simulation:
             self._finish(update)
 
     def _carry(self, step: Step) -> list[int]:
-        """The engines export the next step's sequences, in slot order, which go on in it (Step.carry)."""
+        """The engines export the next step's sequences, in slot order, which go on in it (Step.carry); or,
+        under carry_running, keep them, renumbered as the next step's book numbers them."""
         exported = []
         for slot in self.slots:
-            exported += slot.running
-            slot.running, slot.prefill_s = [], 0.0
+            if self.rules.carry_running:
+                slot.running = [i - step.n for i in slot.running]
+            else:
+                exported += slot.running
+                slot.running, slot.prefill_s = [], 0.0
         self.carried = step.carry(exported)
         return exported
 

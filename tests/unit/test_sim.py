@@ -55,6 +55,20 @@ def test_the_deep_pipeline_keeps_the_bound_with_up_to_k_plus_one_steps_in_flight
     assert (step.gen[:step.n] == step.length[:step.n]).all() and (step.cgen[:step.n] == step.critique[:step.n]).all()
 
 
+@pytest.mark.parametrize("deep", [False, True])
+def test_carried_sequences_go_on_where_they_run_and_lose_nothing(cal, monkeypatch, deep):
+    """The carry_running what-if: as a step ends, the engines keep the next steps' sequences, renumbered,
+    and export none of them; every sample of a trained step is still generated and judged once."""
+    exported, trained, carry, finish = [], [], Simulation._carry, Simulation._finish
+    monkeypatch.setattr(Simulation, "_carry", lambda sim, step: exported.append(carry(sim, step)) or exported[-1])
+    monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (trained.append(step), finish(sim, step)))
+    rules = RoundRules(carry_running=True, deep_pipeline=deep)
+    _, result, _ = run(cal, "pivot", rules=rules, staleness=2, steps=3)
+    assert exported and all(e == [] for e in exported)
+    assert [(u, s) for u, s, _ in result.trained] == [(u, u) for u in range(len(result.trained))]
+    assert all((s.gen == s.length).all() and (s.cgen == s.critique).all() and s.through() for s in trained)
+
+
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
 def test_every_sample_generated_judged_and_trained_once(cal, placement):
     sim, result, pushes = run(cal, placement)
