@@ -145,6 +145,14 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
             out[f"{role}_by_busy_ranks"][k] = {
                 "steps": n, "measured_s": sum(row[3] for row in level) / n,
                 "predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in level) * shared_cores(k, cpus) / n}
+            # The same of the decode-only steps, which the fit is of: what sharing the cores costs beyond the law
+            decoding = [row for row in level if not row[4]]
+            if decoding:
+                n = sum(row[2] for row in decoding)
+                out[f"{role}_by_busy_ranks"][k] |= {
+                    "decode_steps": n, "decode_measured_s": sum(row[3] for row in decoding) / n,
+                    "decode_predicted_s": sum(row[2] * (fixed + per_seq * row[1]) for row in decoding)
+                    * shared_cores(k, cpus) / n}
     # The rounds: what one costs beyond its busiest rank's engine steps, the planner's time and the shifts
     # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole round.
     # Each per placement: timed rounds (disaggregated, pivot; their ranks look up the round's end in the
@@ -313,6 +321,8 @@ def print_cost_model(model: dict, cpus: int) -> None:
               f"{model[f'{role}_per_seq_s'] * 1e3:.3f} ms/seq over {model[f'{role}_engine_steps']} steps, "
               f"prefill {model[f'{role}_prefill_per_s'] or 0:.0f} tokens/s; by ranks working: " + ", ".join(
                   f"{k}: {v['measured_s'] * 1e3:.1f} ms measured, {v['predicted_s'] * 1e3:.1f} fitted"
+                  + (f" (decoding alone {v['decode_measured_s'] * 1e3:.1f}, {v['decode_predicted_s'] * 1e3:.1f})"
+                     if "decode_steps" in v else "")
                   for k, v in model[f"{role}_by_busy_ranks"].items()))
     print("  train    " + ", ".join(f"{n} rank(s) {v:.0f}" for n, v in model["train_tokens_per_s_by_ranks"].items())
           + " tokens/s per rank")

@@ -151,6 +151,10 @@ class CostModel:
     def contention(self, busy: int) -> float:
         return shared_cores(busy, self.cores) if self.cores else 1.0
 
+    def engine_sharing(self, role: str, busy: int) -> float:
+        """How many times slower the role's engine steps run while `busy` slots work: `contention`."""
+        return self.contention(busy)
+
     def planner_speeds(self, workload: Workload, slots: int) -> Speeds:
         """The speeds the simulated rank 0 starts from, fitted by the planner's own estimator."""
         engines = {}
@@ -317,6 +321,9 @@ class FittedGpuModel(GpuModel):
         return per_seq_s / n, a / n
 
 
+SHARING_MIN_STEPS = 200  # engine steps a contention level needs before its measured slowdown counts
+
+
 class CpuModel(CostModel):
     """This code on this machine, one rank per slot, from bench/placements.py's JSON (keys in CPU_MEASURED;
     its figures are uncontended: measured / max(1, ranks working / cores), the law applied here)."""
@@ -340,6 +347,15 @@ class CpuModel(CostModel):
 
     def engine_step_seconds(self, role: str, batch: int, context: float) -> float:
         return self.measured[f"{role}_step_s"] + self.measured[f"{role}_per_seq_s"] * batch
+
+    def engine_sharing(self, role: str, busy: int) -> float:
+        """The law, times what the runs' decode-only steps at `busy` ranks working measured over the fit and
+        the law (bench/placements.py's by_busy_ranks), where they measured SHARING_MIN_STEPS steps at that
+        level at least; a JSON without those figures gets the law alone."""
+        level = self.measured.get(f"{role}_by_busy_ranks", {}).get(str(busy), {})
+        beyond = (level["decode_measured_s"] / level["decode_predicted_s"]
+                  if level.get("decode_steps", 0) >= SHARING_MIN_STEPS and level["decode_predicted_s"] > 0 else 1.0)
+        return self.contention(busy) * beyond
 
     def token_seconds(self, role: str) -> tuple[float, float]:
         return self.measured[f"{role}_step_s"] / self.max_seqs[role] + self.measured[f"{role}_per_seq_s"], 0.0

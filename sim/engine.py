@@ -674,14 +674,16 @@ class Simulation:
         working = [s for s in self.slots if s.role in ENGINE_ROLES and not s.stopped]
         shared = self.model.cores is not None
         slots = working if shared or touched is None else [s for s in [touched] if not s.stopped]
-        share = self.model.contention(self._busy())
+        busy = self._busy()
+        share = self.model.contention(busy)
         if self.train_left > 0 and (shared or touched is None):
             self.train_share, self.train_version = share, self.train_version + 1
             self._push(self.now + self.train_left * share, -1, self.train_version)
             if self.train_arrives_at is not None:
                 self._push(self.now + (self.train_left - self.train_arrives_at) * share, -4, self.train_version)
         for s in slots:
-            step_s = share * self.model.engine_step_seconds(s.role, len(s.running), self._context(s.role, s.running))
+            step_s = self.model.engine_sharing(s.role, busy) * self.model.engine_step_seconds(
+                s.role, len(s.running), self._context(s.role, s.running))
             if s is not touched:
                 self._advance(s)  # whole steps at its old speed
             if s.step_s and s.t < self.now:  # the fraction of a step it is into carries over

@@ -280,6 +280,21 @@ def test_a_shift_the_bench_did_not_make_costs_as_the_dearest_measured_one_of_its
     assert model.shift_seconds("rollout", "rollout", 1, False) == C.value(cal, "cpu.shift_s.train->rollout")
 
 
+def test_engine_steps_are_slowed_by_what_the_bench_measured_at_each_contention_level(cal):
+    """Where the bench measured enough decode-only steps at a level of ranks working, what they took over
+    the fit and the law counts on top of the law; elsewhere, and for a JSON without the figures, the law."""
+    measured = json.loads(BENCH_JSON.read_text())
+    assert C.CpuModel(cal, measured).engine_sharing("judge", 4) == C.shared_cores(4, 2) == 2.0
+    measured["judge_by_busy_ranks"]["4"] |= {"decode_steps": C.SHARING_MIN_STEPS, "decode_measured_s": 0.03,
+                                             "decode_predicted_s": 0.02}
+    measured["judge_by_busy_ranks"]["3"] |= {"decode_steps": C.SHARING_MIN_STEPS - 1, "decode_measured_s": 0.03,
+                                             "decode_predicted_s": 0.02}
+    model = C.CpuModel(cal, measured)
+    assert model.engine_sharing("judge", 4) == pytest.approx(2.0 * 1.5)
+    assert model.engine_sharing("judge", 3) == 1.5 and model.engine_sharing("rollout", 4) == 2.0
+    assert model.engine_sharing("judge", 7) == 3.5  # a level the bench never saw
+
+
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
 def test_phases_and_slot_states_account_for_the_run(cal, placement):
     sim, result, _ = run(cal, placement, slots=8)
