@@ -60,6 +60,13 @@ CASES = {
                       "the loop, which exports them and prefills them again in the next step)", {},
                       {"carry_running": True}),
     "deep + carry": ("deep pipeline and carry running together", {}, {"deep_pipeline": True, "carry_running": True}),
+    "spill tail": ("at K >= 2 a step ends once three quarters of its groups are judged; the rest go on in the next "
+                   "step and train with it, at most K updates after the weights that began them, the others K - 1 "
+                   "(the bound per sample, as the release's staleness buffers hold it; not in the loop, which holds "
+                   "it per step)", {}, {"spill_tail": 0.25}),
+    "spill half": ("spill tail, with up to half of a step's groups going on in the next", {}, {"spill_tail": 0.5}),
+    "spill, train 2x": ("spill tail, with training at twice the utilisation", {"{hw}.train_flops": 2.0},
+                        {"spill_tail": 0.25}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }

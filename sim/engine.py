@@ -82,7 +82,15 @@ class RoundRules:
                           out to its end, and one step begins ahead of it; pipeline.py)
       carry_running       as a step ends, the engines go on with the next steps' sequences where they are,
                           renumbered in the next step's book (off, as the loop does: they export them, and
-                          the next step queues them first and prefills each again where it lands)"""
+                          the next step queues them first and prefills each again where it lands)
+      spill_tail          at --max-staleness K >= 2 the pipeline runs one step shallower (K - 1), and a step's
+                          rounds end once all but this share of its groups are judged, with those carried in
+                          from the step before: the groups still out go on in the next step (begun during
+                          this one) and are trained with it, an update later, K updates after the weights that
+                          began them; the rest are K - 1 behind. The bound at sample grain, as the release's
+                          staleness buffers hold it (victor-yfzhao/psrl
+                          pivotrl/workers/ps/staleness_controller.py: a sample begun at version v may enter the
+                          buffers of v to v + K), where the loop's K is per step (0: off, as the loop does)"""
     round_steps: int = book.ROUND_STEPS
     poll_s: float = book.POLL_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -94,6 +102,7 @@ class RoundRules:
     prefill_intake: bool = False
     deep_pipeline: bool = False
     carry_running: bool = False
+    spill_tail: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -156,7 +165,7 @@ class Step(book.Book):
     queues, groups, hand-outs, the next step begun during it), with their drawn lengths and how far each
     has got. `version`: the updates made when it rolled out (the weights that sample it)."""
 
-    SAMPLE_ARRAYS = book.Book.SAMPLE_ARRAYS + ("length", "critique", "gen", "cgen")
+    SAMPLE_ARRAYS = book.Book.SAMPLE_ARRAYS + ("length", "critique", "gen", "cgen", "began")
 
     def __init__(self, workload: Workload, rng: np.random.Generator, index: int = 0, version: int = 0,
                  slots: int = 1):
@@ -166,12 +175,46 @@ class Step(book.Book):
         self.prompt, self.judge_template = workload.prompt_tokens, workload.judge_template_tokens
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
+        self.began = np.full(self.n, version)  # the weights each sample began under
+        self.carried_in = 0  # RoundRules.spill_tail: groups at its head that went on from the step before
 
     def drawn_tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
 
     def members(self, group: int) -> slice:
         return slice(group * self.group_size, (group + 1) * self.group_size)
+
+    def may_end(self, spill: float) -> bool:
+        """RoundRules.spill_tail: whether the step may end with some of its groups still out, to go on in
+        the next step: one has begun, every group carried in from the step before is judged (they are at the
+        bound), and at most a `spill` share of its groups is still out."""
+        own = self.n // self.group_size
+        out = self.group_left[:own] > 0
+        return bool(self.aheads) and not out[:self.carried_in].any() and out.sum() <= spill * own
+
+    def spill(self) -> np.ndarray:
+        """RoundRules.spill_tail, as the step ends: its groups still out move behind its judged ones, to
+        the head of the next step's samples, which `carry` then takes out with them. Returns each sample's
+        new number, by its old one."""
+        g, own = self.group_size, self.n // self.group_size
+        out = self.group_left[:own] > 0
+        groups = np.concatenate([np.flatnonzero(~out), np.flatnonzero(out), np.arange(own, len(self.group_left))])
+        order = (groups[:, None] * g + np.arange(g)).ravel()
+        for name in self.SAMPLE_ARRAYS:
+            setattr(self, name, getattr(self, name)[order])
+        for name in self.GROUP_ARRAYS:
+            setattr(self, name, getattr(self, name)[groups])
+        number = np.empty(len(order), dtype=np.int64)
+        number[order] = np.arange(len(order))
+        self.queue = {role: deque(int(number[i]) for i in queue) for role, queue in self.queue.items()}
+        kept = int((~out).sum()) * g
+        tail, ahead = self.phase[kept:self.n], self.aheads[0]
+        ahead.n, ahead.expected = ahead.n + len(tail), ahead.expected + len(tail)
+        ahead.generated += int((tail >= book.RESPONDED).sum())
+        ahead.judged += int((tail == book.JUDGED).sum())
+        ahead.carried_in = int(out.sum())
+        self.n = self.generated = self.judged = self.expected = kept
+        return number
 
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
@@ -193,6 +236,11 @@ class Simulation:
         self.max_staleness = max_staleness
         self.rng = np.random.default_rng(seed)
         self.config, self.rules = config, rules
+        if rules.spill_tail and rules.deep_pipeline:
+            raise ValueError("RoundRules: spill_tail and deep_pipeline are two pipelines; pick one")
+        # How many updates older than its own update's weights a step begins under: K, or the pipeline's
+        # depth under spill_tail
+        self.lag = max_staleness if rules.deep_pipeline else self.pipe_depth(max_staleness, rules)
         self.speeds = model.planner_speeds(workload, slots)
         # Rank 0 refits each engine's speed from the steps it sees, as LoopPlanner does in pivot_train.py.
         self.fits = {role: planner.LinearFit(speed.step_s, speed.per_seq_s, hi=speed.max_seqs)
@@ -237,6 +285,7 @@ class Simulation:
         updates)."""
         k = self.max_staleness
         pipe = self.pipe_depth(k, self.rules)  # how far ahead of the update the step its rounds roll out to its end is
+        deep = self.rules.deep_pipeline and pipe < k
         last = skip + steps + pipe
         step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
         pending, trained, result = deque(), [], None
@@ -246,7 +295,7 @@ class Simulation:
             ahead, beside = pipeline.rollouts(update, len(pending), pipe, last)
             for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
                 pending.append(self._new_step(index, version=0))
-                if pipe < k:  # deep_pipeline: the K steps after it begin with it, under the first weights
+                if deep:  # deep_pipeline: the K steps after it begin with it, under the first weights
                     self.begun = index
                     self._begin(pending[-1], index + k, version=0)
                     self._step(pending[-1], None)
@@ -262,7 +311,7 @@ class Simulation:
             assert rolled is None or rolled.index == beside
             # At K > 0 an update made during the rollout is published then, and the next step begins (no
             # checkpoint is simulated): deep_pipeline's K ahead of the step rolled out to its end.
-            if pipe < k:  # what an update published after its step's end would have begun begins now
+            if deep:  # what an update published after its step's end would have begun begins now
                 self._begin(rolled, min(update + k, last + k - 1), version=update)
                 self.ahead_index = update + 1 + k if update + 1 + k < last + k else None
             else:
@@ -302,7 +351,10 @@ class Simulation:
     @staticmethod
     def pipe_depth(max_staleness: int, rules: RoundRules) -> int:
         """How many updates after its rollout a step is trained in the update whose rounds roll it out to
-        its end: K (pipeline.py), or 1 under deep_pipeline, whose steps begin up to K ahead of it."""
+        its end: K (pipeline.py), or 1 under deep_pipeline, whose steps begin up to K ahead of it, or K - 1
+        under spill_tail, whose slowest groups go on into the step after."""
+        if rules.spill_tail and max_staleness >= 2:
+            return max_staleness - 1
         return min(max_staleness, 1) if rules.deep_pipeline else max_staleness
 
     def _begin(self, head: Step, last: int, version: int) -> None:
@@ -332,7 +384,7 @@ class Simulation:
             self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
-            if step.done():
+            if step.done() or self.rules.spill_tail and step.may_end(self.rules.spill_tail):
                 break
             if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()
@@ -350,6 +402,8 @@ class Simulation:
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
         self.judge_end = self.now
+        if self.rollout_end is None:  # spill_tail: the step ended with responses still to come
+            self.rollout_end = self.now
         if step is not None and step.aheads:
             self._carry(step)
         if update is not None:
@@ -358,8 +412,11 @@ class Simulation:
     def _carry(self, step: Step) -> list[int]:
         """The engines export the next step's sequences, in slot order, which go on in it (Step.carry); or,
         under carry_running, keep them, renumbered as the next step's book numbers them."""
+        number = None if step.done() else step.spill()  # spill_tail: its groups still out go on in the next
         exported = []
         for slot in self.slots:
+            if number is not None:
+                slot.running = number[slot.running].tolist()
             if self.rules.carry_running:
                 slot.running = [i - step.n for i in slot.running]
             else:
@@ -385,7 +442,7 @@ class Simulation:
         for slot in self.slots:
             if slot.role == Role.ROLLOUT:
                 slot.prefill_s += reload + self._context(Role.ROLLOUT, slot.running) / self.model.prefill_per_s[Role.ROLLOUT]
-        self.step.extend(self._new_step(self.ahead_index, version=self.ahead_index - self.max_staleness))
+        self.step.extend(self._new_step(self.ahead_index, version=self.ahead_index - self.lag))
         self.begun = self.ahead_index
         self.published = True
 

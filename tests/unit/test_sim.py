@@ -69,6 +69,23 @@ def test_carried_sequences_go_on_where_they_run_and_lose_nothing(cal, monkeypatc
     assert all((s.gen == s.length).all() and (s.cgen == s.critique).all() and s.through() for s in trained)
 
 
+@pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
+def test_a_spilled_tail_goes_on_in_the_next_step_and_keeps_the_bound(cal, monkeypatch, placement):
+    """The spill_tail what-if at K = 2: the pipeline runs at K - 1, and a step ends with up to a quarter of
+    its groups still out, which go on in the next step and are trained with it: every sample is generated,
+    judged and trained once, none more than K updates after the weights that began it, the rest K - 1."""
+    trained, finish = [], Simulation._finish
+    monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (trained.append(step), finish(sim, step)))
+    _, result, _ = run(cal, placement, rules=RoundRules(spill_tail=0.25), staleness=2, steps=3)
+    assert [s for _, s, _ in result.trained] == list(range(len(trained)))
+    stale = [u - step.began for (u, _, _), step in zip(result.trained, trained)]
+    assert all(s.max() <= 2 for s in stale)
+    after_fill = np.concatenate(stale[2:])  # update 0 trains the fill step under the weights that began it
+    assert set(after_fill) == {1, 2} and (after_fill == 1).sum() > (after_fill == 2).sum()
+    assert any(step.carried_in for step in trained) and len({step.n for step in trained}) > 1
+    assert all((s.gen == s.length).all() and (s.cgen == s.critique).all() and s.through() for s in trained)
+
+
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
 def test_every_sample_generated_judged_and_trained_once(cal, placement):
     sim, result, pushes = run(cal, placement)
