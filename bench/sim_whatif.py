@@ -65,7 +65,7 @@ CASES = {
                    "(the bound per sample, as the release's staleness buffers hold it; not in the loop, which holds "
                    "it per step)", {}, {"spill_tail": 0.25}),
     "spill half": ("spill tail, with up to half of a step's groups going on in the next", {}, {"spill_tail": 0.5}),
-    "spill, train 2x": ("spill tail, with training at twice the utilisation", {"{hw}.train_flops": 2.0},
+    "spill + train 2x": ("spill tail, with training at twice the utilisation", {"{hw}.train_flops": 2.0},
                         {"spill_tail": 0.25}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
