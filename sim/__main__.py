@@ -80,7 +80,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
                          rules=rules, max_staleness=staleness)
         # At K > 0 every run skips one more update, so that the first timed step begins with what the
         # step before began (Simulation.run); K = 0 alone begins nothing ahead
-        return sim.run(args.steps, skip=largest - Simulation.pipe_depth(staleness, rules) + (1 if largest else 0))
+        return sim.run(args.steps, skip=largest - sim.pipe + (1 if largest else 0))
 
     out, searched = {}, None
     for placement, staleness in placements:

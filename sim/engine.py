@@ -238,9 +238,12 @@ class Simulation:
         self.config, self.rules = config, rules
         if rules.spill_tail and rules.deep_pipeline:
             raise ValueError("RoundRules: spill_tail and deep_pipeline are two pipelines; pick one")
-        # How many updates older than its own update's weights a step begins under: K, or the pipeline's
-        # depth under spill_tail
-        self.lag = max_staleness if rules.deep_pipeline else self.pipe_depth(max_staleness, rules)
+        # The pipeline's shape, decided once: how far ahead of the update the step its rounds roll out to its
+        # end is, whether up to K steps begin ahead of that one (deep_pipeline), and how many updates older
+        # than its own update's weights a step begins under
+        self.pipe = self.pipe_depth(max_staleness, rules)
+        self.deep = rules.deep_pipeline and self.pipe < max_staleness
+        self.lag = max_staleness if self.deep else self.pipe
         self.speeds = model.planner_speeds(workload, slots)
         # Rank 0 refits each engine's speed from the steps it sees, as LoopPlanner does in pivot_train.py.
         self.fits = {role: planner.LinearFit(speed.step_s, speed.per_seq_s, hi=speed.max_seqs)
@@ -283,9 +286,7 @@ class Simulation:
         next, as every step in the middle of a long run does. Runs at several K skip so that their timed
         updates roll out the same steps (at K = 0 and K = 2, skip 3 and 1: steps 3 and 4 for two timed
         updates)."""
-        k = self.max_staleness
-        pipe = self.pipe_depth(k, self.rules)  # how far ahead of the update the step its rounds roll out to its end is
-        deep = self.rules.deep_pipeline and pipe < k
+        k, pipe, deep = self.max_staleness, self.pipe, self.deep
         last = skip + steps + pipe
         step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
         pending, trained, result = deque(), [], None
