@@ -19,7 +19,8 @@ samples.jsonl and config.json it fits each engine role's step time, seconds = fi
 by least squares over the decode-only engine steps, the prefill rate from the steps that also took in
 requests, each role's training tokens/s per rank, the shift cost of each (from, to) pair (median of
 the shift records of every run, at every K; the rest from the runs at K = 0), and keeps the lengths
-seen and the flags. Several ranks share few cores here: a step measured while k ranks worked on c
+seen (in the runs' group order, each critique beside its response: the simulator draws whole groups)
+and the flags. Several ranks share few cores here: a step measured while k ranks worked on c
 cores (stepped their engines or trained) is counted as max(1, k / c) times its uncontended time, the
 same law the simulator applies. Each run's machine-wide CPU busy fraction (/proc/stat before and
 after) bounds what any placement can gain over colocated: 1 / its busy fraction.

@@ -103,15 +103,13 @@ class Workload:
     prompt_tokens: int
     max_response: int
     max_critique: int
-    responses: object  # callable (rng, n) -> int array
-    critiques: object
+    lengths: object  # callable (rng, samples) -> (response lengths, critique lengths), int arrays
     # What the judge's template adds to prompt + response in its prompt (CPU: measured; the GPU workload's
     # prompt_tokens is an upper bound already, so nothing is added there).
     judge_template_tokens: int = 0
 
     def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        n = self.prompts * self.group_size
-        return self.responses(rng, n), self.critiques(rng, n)
+        return self.lengths(rng, self.prompts * self.group_size)
 
 
 def lognormal(cap: int, p99_over_median: float):
@@ -121,17 +119,35 @@ def lognormal(cap: int, p99_over_median: float):
     return lambda rng, n: np.clip(rng.lognormal(math.log(median), sigma, n), 1, cap).astype(np.int64)
 
 
-def empirical(lengths: list[int]):
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return lambda rng, n: rng.choice(lengths, n)
+def independent(responses, critiques):
+    """Each response's length and each critique's drawn on their own: (rng, n) -> int array each."""
+    return lambda rng, n: (responses(rng, n), critiques(rng, n))
+
+
+def measured_groups(responses: list[int], critiques: list[int], group_size: int):
+    """Whole groups as a run saw them: the lengths in group order (a prompt's G responses in a row, each
+    critique beside its response), drawn a group at a time. A prompt's responses are alike in length (on
+    the built-in task the operands' digits set it, and the critique quotes the response), so the work a
+    rank is dealt comes in lumps; lengths drawn one by one would spread every rank's tail evenly."""
+    responses, critiques = np.asarray(responses, dtype=np.int64), np.asarray(critiques, dtype=np.int64)
+    if len(responses) != len(critiques) or len(responses) % group_size:
+        raise CalibrationError(f"--measured has {len(responses)} response and {len(critiques)} critique lengths: "
+                               f"both must be whole groups of {group_size} in the same order (bench/placements.py "
+                               f"--json writes them so)")
+    responses, critiques = responses.reshape(-1, group_size), critiques.reshape(-1, group_size)
+
+    def draw(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        picks = rng.integers(len(responses), size=n // group_size)
+        return responses[picks].ravel(), critiques[picks].ravel()
+    return draw
 
 
 def gpu_workload(cal: dict, prompts: int | None = None) -> Workload:
     w = lambda key: value(cal, f"workload.{key}")  # noqa: E731
     return Workload(int(prompts or w("prompts_per_step")), int(w("group_size")), int(w("prompt_tokens")),
                     int(w("max_response_tokens")), int(w("max_critique_tokens")),
-                    lognormal(int(w("max_response_tokens")), w("response_p99_over_median")),
-                    lognormal(int(w("max_critique_tokens")), w("critique_p99_over_median")))
+                    independent(lognormal(int(w("max_response_tokens")), w("response_p99_over_median")),
+                                lognormal(int(w("max_critique_tokens")), w("critique_p99_over_median"))))
 
 
 class CostModel:
@@ -412,5 +428,6 @@ def _shift_kind(src: str, dst: str) -> str:
 def cpu_workload(measured: dict) -> Workload:
     return Workload(int(measured["prompts_per_step"]), int(measured["group_size"]), round(measured["prompt_tokens"]),
                     int(measured["max_response_tokens"]), int(measured["max_critique_tokens"]),
-                    empirical(measured["response_lengths"]), empirical(measured["critique_lengths"]),
+                    measured_groups(measured["response_lengths"], measured["critique_lengths"],
+                                    int(measured["group_size"])),
                     round(measured["judge_template_tokens"]))

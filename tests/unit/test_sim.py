@@ -208,7 +208,7 @@ class StepModel(C.CostModel):
 
 def two_slots(model, placement="colocated", rules=RoundRules(), split=None, lengths=(10, 20)):
     """Two slots: responses of `lengths` tokens, then critiques of 5 each."""
-    workload = C.Workload(2, 1, 1, max(lengths), 5, lambda rng, n: np.array(lengths), lambda rng, n: np.array([5, 5]))
+    workload = C.Workload(2, 1, 1, max(lengths), 5, lambda rng, n: (np.array(lengths), np.array([5, 5])))
     sim = Simulation(model, workload, len(split or "ab"), placement, config=planner.PlannerConfig(), rules=rules,
                      split=split)
     return sim.run(1)
@@ -280,6 +280,22 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     # Colocated on the built-in task: a timed first round, then until every engine is empty, for rollout
     # and for the judge; the ranks' report to rank 0 as measured after each.
     assert r["placements"]["colocated@0"]["rounds"] == 2 * 4
+
+
+def test_the_cpu_workload_deals_whole_measured_groups():
+    """A prompt's responses are alike in length on the built-in task: the replay draws a measured group's
+    (response, critique) lengths together, not each length on its own."""
+    measured = json.loads(BENCH_JSON.read_text())
+    g = measured["group_size"]
+    seen = {tuple(zip(r, c)) for r, c in zip(np.reshape(measured["response_lengths"], (-1, g)).tolist(),
+                                              np.reshape(measured["critique_lengths"], (-1, g)).tolist())}
+    workload = C.cpu_workload(measured)
+    lengths, critiques = workload.draw(np.random.default_rng(0))
+    drawn = [tuple(zip(r, c)) for r, c in zip(lengths.reshape(-1, g).tolist(), critiques.reshape(-1, g).tolist())]
+    assert len(drawn) == measured["prompts_per_step"] and all(group in seen for group in drawn)
+    assert len(set(lengths.tolist())) > 1  # still a draw: groups of different lengths
+    with pytest.raises(C.CalibrationError, match="whole groups of 8"):
+        C.cpu_workload(measured | {"critique_lengths": measured["critique_lengths"][:-1]})
 
 
 def test_a_shift_the_bench_did_not_make_costs_as_the_dearest_measured_one_of_its_kind(cal):
