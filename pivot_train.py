@@ -592,7 +592,7 @@ def main(argv=None):
         record.update(staleness_metrics(trained, step, args.max_staleness))
         shifts = generation.pop("shifts")
         if early["update"] is None:  # else the train ranks made it while the step rolled out
-            shifts += to_train(context, placement)
+            shifts += to_train(context, placement, trained, early)
         stats = train_step(context, trained, early, timeline, args, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
@@ -733,9 +733,12 @@ def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
             "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())}}
 
 
-def to_train(context: RoleContext, placement: Placement) -> list[dict]:
-    """Collective: the ranks that make this step's update take the train role; returns the shifts."""
-    return context.apply(placement.train_roles())
+def to_train(context: RoleContext, placement: Placement, samples: list[Sample], early: dict) -> list[dict]:
+    """Collective: the ranks that make this step's update take the train role (where the train ranks trained
+    every group of `samples` early, they keep it alone); returns the shifts."""
+    groups = {s.prompt_index for s in samples if not s.dropped}
+    trained_all = bool(early["groups"]) and groups <= set(early["groups"])
+    return context.apply(placement.train_roles(list(context.roles), trained_all))
 
 
 def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args,

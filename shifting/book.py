@@ -106,6 +106,19 @@ def update_due(early: bool, trained: bool, made: bool) -> bool:
     return early and trained and not made
 
 
+def update_roles(roles: list[str], split: list[str] | None, trained_all: bool) -> list[str]:
+    """Who makes the update once the step's rounds are over, where no round's start made it (`update_due`):
+    a fixed `split` keeps its roles; where the train ranks have trained every group of it early
+    (`trained_all`), they make it alone, holding its gradients (bringing every rank in would reshard the
+    training state and the gradients for one optimizer step, and send every rank back to its engine
+    after); else every rank, for the groups left, since nothing else is left to do in the step."""
+    if split:
+        return list(split)
+    if trained_all and Role.TRAIN in roles:
+        return list(roles)
+    return [Role.TRAIN] * len(roles)
+
+
 def publish_due(made: bool, published: bool, ahead: bool) -> bool:
     """Whether the update goes out now, at a round's start while the step goes on: made at an earlier
     round's start (`update_due`), not published yet, and a next step to begin (`ahead`: `ahead_step` gave

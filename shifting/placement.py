@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed
 from roles import ROLES, Role
+from shifting import book
 from shifting.scheduler import Rounds, colocated_roles, forced_roles
 
 
@@ -63,10 +64,11 @@ class Placement:
     def start_roles(self) -> list[str]:
         return list(self.options.split) if self.options.split else [Role.ROLLOUT] * self.world_size
 
-    def train_roles(self) -> list[str]:
-        """Disaggregated keeps its split (its train ranks train, the others wait); colocated and pivot
-        train on every rank, since nothing else is left to do in a synchronous step."""
-        return list(self.options.split) if self.options.split else [Role.TRAIN] * self.world_size
+    def train_roles(self, roles: list[str] | None = None, trained_all: bool = False) -> list[str]:
+        """Who makes the update after the step's rounds (book.update_roles): disaggregated's split (its train
+        ranks train, the others wait); colocated and pivot on every rank, but where pivot's train ranks
+        (`roles`) have trained every group early, they alone. With no `roles`: the most that train."""
+        return book.update_roles(roles or [Role.ROLLOUT] * self.world_size, self.options.split, trained_all)
 
     def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
         """The roles from now on, and how long the ranks work before they next report: --force-shifts'

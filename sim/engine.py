@@ -624,14 +624,18 @@ class Simulation:
             slot.finished, slot.exported = [], []
 
     def _finish(self, step: Step) -> None:
-        """The rest of `step`'s update (colocated, pivot: on every slot; disaggregated: its train slots),
-        publishing, the rollout engines' reload."""
+        """The rest of `step`'s update (book.update_roles: colocated, pivot on every slot, but pivot's train
+        slots alone where they trained every group early; disaggregated: its train slots), publishing, the
+        rollout engines' reload."""
         everyone = self.placement != "disaggregated"
         # Made at a round's start while the step ran (book.update_due; pivot_train.py's
         # update_during_rollout), the update needs no slot to move to train. One whose last groups were
-        # trained in the step's last round is made now, by its whole group, as the loop makes it.
-        if everyone and not self.made:  # the update waits for its whole group
-            self._apply([Role.TRAIN] * len(self.slots), grads=bool(step.trained.any()))
+        # trained in the step's last round is made now, by the slots book.update_roles names, as the loop
+        # makes it.
+        if everyone and not self.made:
+            roles = [s.role for s in self.slots]
+            early = bool(step.trained.any())
+            self._apply(book.update_roles(roles, None, trained_all=early and step.through()), grads=early)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_work()[0], max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.

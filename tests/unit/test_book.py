@@ -8,7 +8,7 @@ import pytest
 
 import planner
 from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
-                           round_seconds, shares, update_due)
+                           round_seconds, shares, update_due, update_roles)
 from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -44,6 +44,14 @@ def test_run_ahead_rules():
     assert ahead_step(3, 0, 10, False) is None  # on-policy: nothing runs ahead
     assert ahead_step(3, 2, 4, False) is None  # the run's last step: none left to begin
     assert ahead_step(3, 2, 10, True) is None  # the update ends in a checkpoint: whole steps only
+
+
+def test_who_makes_an_update_after_the_step():
+    r, j, t = "rollout", "judge", "train"
+    assert update_roles([t, r, j, j], None, True) == [t, r, j, j]  # every group trained early: its train ranks
+    assert update_roles([t, r, j, j], None, False) == [t] * 4  # groups left: every rank
+    assert update_roles([r, r, j, j], None, True) == [t] * 4  # no train rank holds the gradients
+    assert update_roles([j, j, r, r], [r, r, j, t], False) == [r, r, j, t]  # a split keeps its roles
 
 
 def test_the_step_begun_ahead_is_the_one_the_loop_and_the_simulator_each_had():

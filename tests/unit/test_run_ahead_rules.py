@@ -12,6 +12,7 @@ import pytest
 import pivot_train
 import planner
 from roles.rollout import Sample
+from shifting.placement import Placement, PlacementOptions
 from shifting.scheduler import NO_EARLY, Report, Rounds, SamplingOptions, StepQueues, _decide
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -138,10 +139,11 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
     assert extended and extended == published(calls)
 
 
-def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot(monkeypatch):
-    """As the loop does (pivot_train.to_train, then train_step): where no round's start made the update,
-    because its last groups were trained in the step's last round (this run's second update), every pivot
-    slot moves to train for it; one made during the step needs no move."""
+def test_an_update_not_made_during_the_step_is_made_after_it_by_the_slots_that_trained_it(monkeypatch):
+    """As the loop does (pivot_train.to_train, then train_step; book.update_roles): where no round's start
+    made the update, because its last groups were trained in the step's last round (this run's second
+    update), the train slots make it alone, no slot moving to train; where groups are left to train (the
+    drain's), every pivot slot moves to train for them; one made during the step needs no move."""
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
     sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2,
@@ -160,4 +162,22 @@ def test_an_update_not_made_during_the_step_is_made_after_it_by_every_pivot_slot
     monkeypatch.setattr(sim, "_apply", record_apply)
     monkeypatch.setattr(sim, "_finish", record_finish)
     sim.run(2)
-    assert ends == [(True, True, False), (False, True, True), (False, False, True), (False, False, True)]  # the drain
+    assert ends == [(True, True, False), (False, True, False), (False, False, True), (False, False, True)]  # the drain
+
+
+def test_the_loop_and_the_simulator_choose_who_makes_the_update_by_the_book(book_calls):
+    """pivot_train.to_train (through Placement.train_roles) and the simulator's step end both ask
+    book.update_roles: where the train rank trained every group early it makes the update alone."""
+    asked = book_calls("update_roles")
+    options = PlacementOptions(placement="pivot", split=None, max_staleness=2, force_shifts=None, force_shift_rate=0.2,
+                               minibatches=1, max_seqs=8, max_response_tokens=8, max_critique_tokens=8, seed=0)
+    context = SimpleNamespace(roles=["train", "judge"], apply=lambda roles: roles)
+    both = {"groups": [0, 1], "update": None}
+    assert pivot_train.to_train(context, Placement(options, world_size=2), POOL, both) == ["train", "judge"]
+    assert pivot_train.to_train(context, Placement(options, world_size=2), POOL, both | {"groups": [0]}) \
+        == ["train", "train"]
+    cal = C.preset(C.load(), "paper")
+    model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
+    Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2,
+               config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)).run(2)
+    assert {who for who, _, _, _ in asked} == {"shifting.placement", "sim.engine"}
