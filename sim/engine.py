@@ -632,10 +632,11 @@ class Simulation:
         # update_during_rollout), the update needs no slot to move to train. One whose last groups were
         # trained in the step's last round is made now, by the slots book.update_roles names, as the loop
         # makes it.
-        if everyone and not self.made:
+        if not self.made:  # disaggregated's fixed roles are its split: the rule keeps them
             roles = [s.role for s in self.slots]
             early = bool(step.trained.any())
-            self._apply(book.update_roles(roles, None, trained_all=early and step.through()), grads=early)
+            self._apply(book.update_roles(roles, None if everyone else roles, trained_all=early and step.through()),
+                        grads=early)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_work()[0], max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.
