@@ -752,8 +752,8 @@ class Simulation:
             if s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
                 s.t = self.now - (self.now - s.t) / s.step_s * step_s
             s.step_s = step_s
-            if s.prefill_s and not s.stepped:
-                self._prefill(s, share)
+            if s.prefill_s and not s.stepped:  # beside every slot the round's start gives work to, shifted or not
+                self._prefill(s, self.model.contention(self._busy(shifting=True)))
             s.version += 1
             left = int((self._target(s.role, s.running) - self._progress(s.role)[s.running]).min())
             steps = min(left, self._steps_before_halt(s))
@@ -808,10 +808,11 @@ class Simulation:
             self.train_left = max(0.0, self.train_left - (t - self.now) / self.train_share)
             self.now = t
 
-    def _busy(self) -> int:
-        """Slots working now: engines with sequences, train slots with judged groups to train on."""
-        return sum(s.ready_at <= self.now and (not s.stopped if s.role in ENGINE_ROLES else self.train_left > 0)
-                   for s in self.slots)
+    def _busy(self, shifting: bool = False) -> int:
+        """Slots working now: engines with sequences, train slots with judged groups to train on; with
+        `shifting`, those still shifting into their role count too (they start on their work once shifted)."""
+        return sum((shifting or s.ready_at <= self.now)
+                   and (not s.stopped if s.role in ENGINE_ROLES else self.train_left > 0) for s in self.slots)
 
     def _advance(self, slot: Slot) -> None:
         """Whole engine steps up to now, none past its halt; the engine's time stays at the last step's

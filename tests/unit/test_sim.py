@@ -184,8 +184,8 @@ class StepModel(C.CostModel):
     prefill_per_s = {"rollout": math.inf, "judge": math.inf}
     max_seqs = {"rollout": 4, "judge": 4}
 
-    def __init__(self, cores=None, exchange_s=0.0, judge_step_s=1.0):
-        self.cores, self.exchange_s, self.judge_step_s = cores, exchange_s, judge_step_s
+    def __init__(self, cores=None, exchange_s=0.0, judge_step_s=1.0, shift_s=0.0):
+        self.cores, self.exchange_s, self.judge_step_s, self.shift_s = cores, exchange_s, judge_step_s, shift_s
 
     def engine_step_seconds(self, role, batch, context):
         return 1.0 if role == "rollout" else self.judge_step_s
@@ -194,7 +194,7 @@ class StepModel(C.CostModel):
         return self.engine_step_seconds(role, 1, 0) / self.max_seqs[role], 0.0
 
     def shift_seconds(self, src, dst, train_slots, grads):
-        return 0.0
+        return self.shift_s
 
     def publish_seconds(self, train_slots):
         return 0.0
@@ -224,6 +224,19 @@ def test_slots_sharing_cores_slow_each_other_down():
     # One core: while both work each step takes 2 s; once the short response is done (at 20 s) the long one
     # has 10 steps left alone, at 1 s each; then both judge together, 2 s a step.
     assert two_slots(StepModel(cores=1), rules=alone).seconds == pytest.approx(2 * 10 + 10 + 2 * 5)
+
+
+def test_a_round_prefills_beside_every_slot_it_gives_work_to_even_those_still_shifting():
+    """Two slots on one core judge after a shift of theirs: each prefills its critique's request (4 s alone)
+    beside the other, 8 s, whether the round begins while they shift or once they have: each of the step's
+    three shifts (1 s) only delays what follows it. Priced at the moment the round begins, when every slot
+    is still shifting, the prefills would run as if alone, 4 s sooner."""
+    prefilled = StepModel(cores=1)
+    prefilled.prefill_per_s = {"rollout": math.inf, "judge": 1.0}
+    still = two_slots(prefilled, lengths=(3, 3))  # a judge prompt: 1 prompt token + 3 response tokens
+    prefilled.shift_s = 1.0
+    shifting = two_slots(prefilled, lengths=(3, 3))
+    assert shifting.seconds - still.seconds == pytest.approx(3.0)  # into judge, into train, back to rollout
 
 
 def test_colocated_rounds_end_with_the_last_engine_and_each_costs_its_exchange():
