@@ -169,7 +169,7 @@ def sizing(args, placement_options) -> dict:
                      f"one sequence of --max-model-len {args.max_model_len}: raise --kv-cache-mb to at least {need}")
     from shifting.placement import Placement
     placement = Placement(placement_options, world)
-    roles, train_ranks = placement.start_roles(), placement.train_roles().count(Role.TRAIN)
+    roles, train_ranks = placement.start_roles(), placement.most_train_ranks()
     train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
                                      activation_checkpointing=args.activation_checkpointing, kl=args.kl_coef > 0)
     device = {Role.ROLLOUT: {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},

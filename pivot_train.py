@@ -592,7 +592,7 @@ def main(argv=None):
         record.update(staleness_metrics(trained, step, args.max_staleness))
         shifts = generation.pop("shifts")
         if early["update"] is None:  # else the train ranks made it while the step rolled out
-            shifts += to_train(context, placement, trained, early)
+            shifts += to_train(context, placement, early)
         stats = train_step(context, trained, early, timeline, args, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
@@ -702,10 +702,12 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
     counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics(),
-               queues.train_speed.per_s, queues.reloaded, len(queues.ahead.samples) if queues.ahead else 0)
+               queues.train_speed.per_s, queues.reloaded, len(queues.ahead.samples) if queues.ahead else 0,
+               early["update"] is None and placement.update_alone(list(context.roles), queues))
               if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead = counts[0]
+    failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead, alone = counts[0]
+    early = {**early, "alone": alone}  # who makes the update, if the rounds did not (to_train)
     # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and
     # rank 0's choice of roles (plan_s): the rounds' exchange with rank 0.
     exchange = seconds - engines["rounds_work_s"] - engines["plan_s"]
@@ -733,12 +735,10 @@ def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
             "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())}}
 
 
-def to_train(context: RoleContext, placement: Placement, samples: list[Sample], early: dict) -> list[dict]:
-    """Collective: the ranks that make this step's update take the train role (where the train ranks trained
-    every group of `samples` early, they keep it alone); returns the shifts."""
-    groups = {s.prompt_index for s in samples if not s.dropped}
-    trained_all = bool(early["groups"]) and groups <= set(early["groups"])
-    return context.apply(placement.train_roles(list(context.roles), trained_all))
+def to_train(context: RoleContext, placement: Placement, early: dict) -> list[dict]:
+    """Collective: the ranks that make this step's update take the train role (the train ranks keep it
+    alone where rank 0 found that no slower: `early["alone"]`, Placement.update_alone); returns the shifts."""
+    return context.apply(placement.train_roles(list(context.roles), early["alone"]))
 
 
 def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args,
@@ -770,7 +770,7 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     dist.all_gather_object(everyone, stats, group=context.d.control)
     stats = next(s for s in everyone if s is not None)
     return {**stats, "early_trained_groups": len(early["groups"]), "early_trained_tokens": early["tokens"],
-            "update_during_rollout": early["update"] is not None}
+            "update_during_rollout": early["update"] is not None, "update_alone": early["alone"]}
 
 
 def check_skipped_updates(step: int, stats: dict, args) -> int:

@@ -174,6 +174,21 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     return judge + (left + to_train) / n
 
 
+def update_seconds(left_s: float, roles: list[str], costs: dict[tuple[str, str], float]) -> tuple[float, bool]:
+    """Once the step's rounds are over and the update is still to make: how long its rest takes (`left_s`:
+    its training's seconds on one rank), and whether the ranks in train (of `roles`) make it alone, holding
+    what they trained early, which they do where that is no slower than every rank making it: the others
+    shift into train while an early train group is made anew with every rank (a reshard), all at once
+    (a collective: the dearest of those shifts), then every rank shares the training (book.update_roles
+    acts on the answer). `costs[(a, b)]`: a shift from a to b, into a train group of every rank."""
+    train, ranks = roles.count(Role.TRAIN), len(roles)
+    moves = [costs[(role, Role.TRAIN)] for role in roles]  # a train rank's own: the reshard
+    everyone = (max(moves) if 0 < train < ranks or not train else 0.0) + left_s / ranks
+    if train and left_s / train <= everyone:
+        return left_s / train, True
+    return everyone, False
+
+
 def _slowed(speed: EngineSpeed, factor: float) -> EngineSpeed:
     return replace(speed, step_s=speed.step_s * factor, per_seq_s=speed.per_seq_s * factor,
                    prefill_per_s=speed.prefill_per_s / factor)

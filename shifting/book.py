@@ -106,15 +106,16 @@ def update_due(early: bool, trained: bool, made: bool) -> bool:
     return early and trained and not made
 
 
-def update_roles(roles: list[str], split: list[str] | None, trained_all: bool) -> list[str]:
+def update_roles(roles: list[str], split: list[str] | None, alone: bool) -> list[str]:
     """Who makes the update once the step's rounds are over, where no round's start made it (`update_due`):
-    a fixed `split` keeps its roles; where the train ranks have trained every group of it early
-    (`trained_all`), they make it alone, holding its gradients (bringing every rank in would reshard the
-    training state and the gradients for one optimizer step, and send every rank back to its engine
-    after); else every rank, for the groups left, since nothing else is left to do in the step."""
+    a fixed `split` keeps its roles; where the train ranks make it `alone` (planner.update_seconds: no
+    slower than every rank, always so once they have trained every group early), they keep their
+    gradients and the others their engines (bringing every rank in reshards the training state and
+    the gradients, and sends every rank back to its engine after); else every rank trains the groups
+    left, since nothing else is left to do in the step."""
     if split:
         return list(split)
-    if trained_all and Role.TRAIN in roles:
+    if alone and Role.TRAIN in roles:
         return list(roles)
     return [Role.TRAIN] * len(roles)
 

@@ -10,7 +10,7 @@ migration.
 """
 from dataclasses import dataclass
 
-from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed
+from planner import EngineSpeed, LengthEstimate, LoopPlanner, PlannerConfig, Speeds, TrainSpeed, update_seconds
 from roles import ROLES, Role
 from shifting import book
 from shifting.scheduler import Rounds, colocated_roles, forced_roles
@@ -64,11 +64,25 @@ class Placement:
     def start_roles(self) -> list[str]:
         return list(self.options.split) if self.options.split else [Role.ROLLOUT] * self.world_size
 
-    def train_roles(self, roles: list[str] | None = None, trained_all: bool = False) -> list[str]:
+    def train_roles(self, roles: list[str], alone: bool) -> list[str]:
         """Who makes the update after the step's rounds (book.update_roles): disaggregated's split (its train
-        ranks train, the others wait); colocated and pivot on every rank, but where pivot's train ranks
-        (`roles`) have trained every group early, they alone. With no `roles`: the most that train."""
-        return book.update_roles(roles or [Role.ROLLOUT] * self.world_size, self.options.split, trained_all)
+        ranks train, the others wait); colocated and pivot on every rank, but pivot's train ranks (`roles`)
+        alone where rank 0 found that no slower (`update_alone`)."""
+        return book.update_roles(roles, self.options.split, alone)
+
+    def most_train_ranks(self) -> int:
+        """The most ranks that make an update together: a split's train ranks, else every rank."""
+        return self.train_roles([Role.ROLLOUT] * self.world_size, alone=False).count(Role.TRAIN)
+
+    def update_alone(self, roles: list[str], queues) -> bool:
+        """Rank 0, once the step's rounds are over: whether the train ranks make the update alone
+        (planner.update_seconds), from the groups they have not trained (rank 0's `queues`), the run's
+        training speed and the shifts' costs the planner has measured. Only where they trained early: a
+        train rank holds nothing of an update otherwise."""
+        if self.planner is None or not self.early_train:
+            return False
+        left = queues.update_book.train_work()[0] / self.train_speed.per_s
+        return update_seconds(left, roles, self.planner.costs)[1]
 
     def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
         """The roles from now on, and how long the ranks work before they next report: --force-shifts'

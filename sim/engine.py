@@ -625,18 +625,21 @@ class Simulation:
 
     def _finish(self, step: Step) -> None:
         """The rest of `step`'s update (book.update_roles: colocated, pivot on every slot, but pivot's train
-        slots alone where they trained every group early; disaggregated: its train slots), publishing, the
-        rollout engines' reload."""
+        slots alone where that is no slower, as rank 0 finds it (Placement.update_alone, from the planner's
+        training speed and shift costs); disaggregated: its train slots), publishing, the rollout engines'
+        reload."""
         everyone = self.placement != "disaggregated"
         # Made at a round's start while the step ran (book.update_due; pivot_train.py's
         # update_during_rollout), the update needs no slot to move to train. One whose last groups were
         # trained in the step's last round is made now, by the slots book.update_roles names, as the loop
         # makes it.
         if not self.made:  # disaggregated's fixed roles are its split: the rule keeps them
-            roles = [s.role for s in self.slots]
-            early = bool(step.trained.any())
-            self._apply(book.update_roles(roles, None if everyone else roles, trained_all=early and step.through()),
-                        grads=early)
+            roles, grads = [s.role for s in self.slots], bool(step.trained.any())
+            # Rank 0 knows the shifts' costs from those it has seen; here, the model's into a group of every slot.
+            into = {(role, Role.TRAIN): self.model.shift_seconds(role, Role.TRAIN, len(roles), grads) for role in ROLES}
+            alone = self._early_train() and planner.update_seconds(
+                step.train_work()[0] / self.speeds.train_per_s, roles, into)[1]
+            self._apply(book.update_roles(roles, None if everyone else roles, alone), grads=grads)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_work()[0], max(1, len(trainers))
         # Nothing else works now: the trainers share the cores among themselves.

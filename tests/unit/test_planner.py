@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner import (ROLES, EngineSpeed, LengthEstimate, LinearFit, LoopPlanner, Move, PlannerConfig, Rank,
-                     Speeds, Work, apply_moves, finish_seconds, parse_split, plan)
+                     Speeds, Work, apply_moves, finish_seconds, parse_split, plan, update_seconds)
 
 SPEEDS = Speeds(rollout=EngineSpeed(step_s=0.02, per_seq_s=2e-4, prefill_per_s=2e4, max_seqs=64),
                 judge=EngineSpeed(step_s=0.05, per_seq_s=4e-4, prefill_per_s=1e4, max_seqs=64),
@@ -177,6 +177,20 @@ def test_an_earlier_steps_update_made_by_the_train_ranks_costs_the_step_nothing_
     done = replace(work, train_ready=0.0, train_tokens=0.0)
     assert finish_seconds(done, {"rollout": 8}, SPEEDS, costs(1.0), True) == pytest.approx(
         finish_seconds(done, {"rollout": 8}, SPEEDS, costs(0.0), True))
+
+
+def test_the_train_ranks_make_the_update_alone_where_every_rank_would_not_be_faster():
+    """Once the step's rounds are over, with 8 s of training left: the two train ranks of four alone, or
+    every rank (the others shifting into train while the train ranks reshard, all at once, then the
+    training over four)."""
+    roles = ["train", "train", "judge", "rollout"]
+    shifts = {("judge", "train"): 1.0, ("rollout", "train"): 0.5, ("train", "train"): 1.5}
+    assert update_seconds(0.0, roles, shifts) == (0.0, True)  # trained through: nothing to move for
+    assert update_seconds(8.0, roles, shifts) == (pytest.approx(1.5 + 8 / 4), False)  # alone 4 s
+    assert update_seconds(4.0, roles, shifts) == (2.0, True)  # every rank 1.5 + 1 s
+    assert update_seconds(8.0, roles, {**shifts, ("train", "train"): 3.0}) == (4.0, True)  # a dear reshard
+    assert update_seconds(8.0, ["judge"] * 4, shifts) == (pytest.approx(1.0 + 2.0), False)  # no train rank
+    assert update_seconds(8.0, ["train"] * 4, shifts) == (2.0, True)  # every rank trains already
 
 
 def test_an_empty_judge_rank_in_the_judges_tail_adds_nothing_to_the_judge():

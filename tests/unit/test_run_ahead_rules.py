@@ -167,15 +167,21 @@ def test_an_update_not_made_during_the_step_is_made_after_it_by_the_slots_that_t
 
 def test_the_loop_and_the_simulator_choose_who_makes_the_update_by_the_book(book_calls):
     """pivot_train.to_train (through Placement.train_roles) and the simulator's step end both ask
-    book.update_roles: where the train rank trained every group early it makes the update alone."""
+    book.update_roles, with rank 0's answer to whether the train ranks make the update alone
+    (Placement.update_alone, planner.update_seconds): with nothing left to train, always; with much left,
+    not, since every rank trains it faster."""
     asked = book_calls("update_roles")
     options = PlacementOptions(placement="pivot", split=None, max_staleness=2, force_shifts=None, force_shift_rate=0.2,
                                minibatches=1, max_seqs=8, max_response_tokens=8, max_critique_tokens=8, seed=0)
+    placement = Placement(options, world_size=2)
+    left = lambda tokens: SimpleNamespace(update_book=SimpleNamespace(train_work=lambda: (tokens, tokens, 0)))  # noqa: E731
+    # The priors, 2,000 tokens/s per rank and 0.01 s a shift: alone is no slower up to 40 tokens left
+    # (t / 2000 against 0.01 + t / 4000).
+    assert [placement.update_alone(["train", "judge"], left(t)) for t in (0, 30, 50, 1000)] == [True, True, False, False]
+    assert not placement.update_alone(["judge", "judge"], left(0))  # no train rank holds the update
     context = SimpleNamespace(roles=["train", "judge"], apply=lambda roles: roles)
-    both = {"groups": [0, 1], "update": None}
-    assert pivot_train.to_train(context, Placement(options, world_size=2), POOL, both) == ["train", "judge"]
-    assert pivot_train.to_train(context, Placement(options, world_size=2), POOL, both | {"groups": [0]}) \
-        == ["train", "train"]
+    assert pivot_train.to_train(context, placement, {"alone": True}) == ["train", "judge"]
+    assert pivot_train.to_train(context, placement, {"alone": False}) == ["train", "train"]
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
     Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2,
