@@ -2,7 +2,10 @@
 curves.png and a summary. The end reads everything from metrics.jsonl, so after a resume the picture and
 the summary cover the whole run, not only its last launch."""
 import json
+from collections import Counter
 from pathlib import Path
+
+from roles import Role
 
 # curves.png: (panel title, y label, [(metric, legend, line style)], whether the values are fractions)
 PANELS = [
@@ -145,3 +148,48 @@ def finish(out: Path) -> None:
     draw_curves(out, records)
     for line in summary(out, records):
         print(line, flush=True)
+
+
+COLOURS = {Role.ROLLOUT: "tab:blue", Role.JUDGE: "tab:orange", Role.TRAIN: "tab:green", "shift": "black"}
+
+
+def draw_timeline(out: Path, spans: list[dict], ranks: int) -> None:
+    """timeline.png, the whole run; timeline_step.png, the step after the first with the most role
+    changes (a run with none: the most reloads), each shift labelled with the roles it went between.
+    `spans`: {step, rank, role, start, end} (a shift's role "shift", with its "from" and "to"), a run's
+    timeline.jsonl or a simulated run's (python -m sim --timeline)."""
+    _draw_spans(out / "timeline.png", spans, ranks, "the run", since="the run", origin=0.0)
+    moves = [s for s in spans if s["role"] == "shift"]
+    shifts = Counter(s["step"] for s in moves if s["from"] != s["to"]) or Counter(s["step"] for s in moves)
+    if shifts:
+        later = [k for k in shifts if k > 0] or list(shifts)  # step 0 also starts the engines and evaluates
+        step = max(later, key=lambda k: (shifts[k], k))
+        shown = [s for s in spans if s["step"] == step]
+        _draw_spans(out / "timeline_step.png", shown, ranks, f"step {step}: {shifts[step]} shifts "
+                    f"(r rollout, j judge, t train)", since=f"step {step}", origin=min(s["start"] for s in shown),
+                    label_shifts=True)
+
+
+def _draw_spans(path: Path, spans: list[dict], ranks: int, title: str, *, since: str, origin: float,
+                label_shifts: bool = False) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(12, min(1 + 0.5 * ranks, 16)))
+    bars = {}  # (rank, role): its spans, drawn in one call (a simulated run has tens of thousands)
+    for s in spans:
+        bars.setdefault((s["rank"], s["role"]), []).append((s["start"] - origin, s["end"] - s["start"]))
+        if s["role"] == "shift" and label_shifts and ranks <= 32:
+            ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
+                        fontsize=7, ha="left", va="bottom")
+    for (rank, role), extents in bars.items():
+        ax.broken_barh(extents, (rank - 0.4, 0.8), facecolors=COLOURS[role], hatch="//" if role == "shift" else None)
+    ax.set_title(title)
+    ax.set_xlabel(f"seconds since the start of {since}")
+    ax.set_ylabel("rank")
+    ax.set_yticks(range(0, ranks, max(1, ranks // 16)))
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()],
+              labels=list(COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -4,16 +4,14 @@ time this rank works in a role (`busy`). Rank 0 writes every rank's spans to tim
 timeline.png (the run) and timeline_step.png (the step with the most role changes)."""
 import json
 import time
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
 
-from roles import ROLES, Role
+from report import draw_timeline
+from roles import ROLES
 from runtime import Dist
-
-COLOURS = {Role.ROLLOUT: "tab:blue", Role.JUDGE: "tab:orange", Role.TRAIN: "tab:green", "shift": "black"}
 
 
 class Timeline:
@@ -64,41 +62,7 @@ class Timeline:
         return {"busy_s": busy}
 
     def draw(self) -> None:
-        """timeline.png, the whole run; timeline_step.png, the step after the first with the most role
-        changes (a run with none: the most reloads), each shift labelled with the roles it went
-        between."""
+        """timeline.png and timeline_step.png (report.draw_timeline), from every rank's spans."""
         if self.d.rank != 0 or not (self.out / "timeline.jsonl").exists():
             return
-        spans = [json.loads(line) for line in open(self.out / "timeline.jsonl")]
-        self._draw("timeline.png", spans, "the run", since="the run", origin=0.0)
-        moves = [s for s in spans if s["role"] == "shift"]
-        shifts = Counter(s["step"] for s in moves if s["from"] != s["to"]) or Counter(s["step"] for s in moves)
-        if shifts:
-            later = [k for k in shifts if k > 0] or list(shifts)  # step 0 also starts the engines and evaluates
-            step = max(later, key=lambda k: (shifts[k], k))
-            shown = [s for s in spans if s["step"] == step]
-            self._draw("timeline_step.png", shown, f"step {step}: {shifts[step]} shifts (r rollout, j judge, t train)",
-                       since=f"step {step}", origin=min(s["start"] for s in shown), label_shifts=True)
-
-    def _draw(self, name: str, spans: list[dict], title: str, *, since: str, origin: float,
-              label_shifts: bool = False) -> None:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * self.d.world_size))
-        for s in spans:
-            shift = s["role"] == "shift"
-            ax.barh(s["rank"], s["end"] - s["start"], left=s["start"] - origin, color=COLOURS[s["role"]],
-                    hatch="//" if shift else None)
-            if shift and label_shifts:
-                ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
-                            fontsize=7, ha="left", va="bottom")
-        ax.set_title(title)
-        ax.set_xlabel(f"seconds since the start of {since}")
-        ax.set_ylabel("rank")
-        ax.set_yticks(range(self.d.world_size))
-        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()],
-                  labels=list(COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.tight_layout()
-        fig.savefig(self.out / name, dpi=100)
-        plt.close(fig)
+        draw_timeline(self.out, [json.loads(line) for line in open(self.out / "timeline.jsonl")], self.d.world_size)

@@ -108,7 +108,7 @@ def main():
         if group not in base["groups"]:
             raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
     sim_args = argparse.Namespace(calibration="h200", preset=args.preset, prompts=None, steps=args.steps,
-                                  seed=args.seed, max_staleness=k, search_split=args.split == "search")
+                                  seed=args.seed, max_staleness=k, search_split=args.split == "search", timeline=None)
     report = {}
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
     print(f"{args.gpus} devices, {args.preset} preset; paper: pivot@2/colocated@0 {clo}-{chi}, "

@@ -6,6 +6,7 @@ with its source.
     python -m sim --gpus 128 --model-group all [--max-staleness K] [--json PATH] [--sweep PNG]
     python -m sim --preset paper [--model-group G] [--json PATH]   (the paper's 128 H20 and its four groups)
     python -m sim --calibration cpu --measured placements.json --gpus 4   (bench/placements.py's figures)
+    python -m sim ... --timeline DIR   (each run's timeline.jsonl and pictures, as pivot_train.py's)
 
 At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper's release launches them
 (examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
@@ -22,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import planner
+from report import draw_timeline
 from sim.calibration import (CalibrationError, CpuModel, FittedGpuModel, GpuModel, cpu_workload, gpu_workload,
                              load, preset, value)
 from sim.engine import RoundRules, Simulation
@@ -75,12 +77,17 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
                                    early_train=True, min_train_ranks=model.min_train_slots)
     largest = max(s for _, s in placements)
 
+    spans = {}  # --timeline: each run's slots' spans, by the id of its result
+
     def run(placement: str, staleness: int, fixed: dict | None = None):
         sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=fixed,
                          rules=rules, max_staleness=staleness)
+        sim.spans = [] if args.timeline else None
         # At K > 0 every run skips one more update, so that the first timed step begins with what the
         # step before began (Simulation.run); K = 0 alone begins nothing ahead
-        return sim.run(args.steps, skip=largest - sim.pipe + (1 if largest else 0))
+        result = sim.run(args.steps, skip=largest - sim.pipe + (1 if largest else 0))
+        spans[id(result)] = sim.spans
+        return result
 
     out, searched = {}, None
     for placement, staleness in placements:
@@ -96,6 +103,8 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
             r = results[tuple(chosen.values())]
         else:
             r = run(placement, staleness, split)
+        if args.timeline:
+            write_timeline(Path(args.timeline) / group / label(placement, staleness), spans[id(r)], slots)
         out[label(placement, staleness)] = {
             "placement": placement, "max_staleness": staleness, "samples_per_s": r.samples_per_s,
             "tokens_per_s": r.tokens / r.seconds, "step_s": r.step_seconds, "shifts": r.shifts,
@@ -118,6 +127,14 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     if searched is not None:
         report["splits_simulated"] = searched
     return report
+
+
+def write_timeline(folder: Path, spans: list[dict], slots: int) -> None:
+    """A simulated run's timeline.jsonl and its pictures, as a run of pivot_train.py leaves them (each
+    slot a rank)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "timeline.jsonl").write_text("".join(json.dumps(span) + "\n" for span in spans))
+    draw_timeline(folder, spans, slots)
 
 
 def print_group(group: str, r: dict, paper: bool) -> None:
@@ -170,6 +187,7 @@ def print_summary(results: dict, k: int) -> None:
 
 def sweep(cal: dict, groups: list[str], args) -> dict:
     k, curves = args.max_staleness, {}
+    args = argparse.Namespace(**{**vars(args), "timeline": None})  # the pictures are of --gpus alone
     for group in groups:
         for gpus in SWEEP_GPUS:
             try:
@@ -223,6 +241,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2, help="timed updates per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--timeline", metavar="DIR", help="write each run's timeline.jsonl, timeline.png and "
+                   "timeline_step.png (a slot per rank, as a run of pivot_train.py draws them) under DIR/GROUP/PLACEMENT@K")
     p.add_argument("--sweep", metavar="PNG", help="also sweep 8 to 1,024 devices and plot the ratios here")
     args = p.parse_args(argv)
     paper = args.preset == "paper"

@@ -267,6 +267,10 @@ class Simulation:
         self.train_arrives_at: float | None = None
         self.shifts, self.shift_seconds, self.rounds = 0, 0.0, 0
         self.slot_s = dict.fromkeys(STATES, 0.0)
+        # With a list here (python -m sim --timeline): each slot's work in a role and its shifts, as the
+        # loop's timeline.jsonl holds a rank's, each under the update the run was at (`span_step`).
+        self.spans: list[dict] | None = None
+        self.span_step, self.last_span = 0, {}
         self.phases = {Role.ROLLOUT: 0.0, "judge_tail": 0.0, "train_tail": 0.0}
         # What rank 0 knows of lengths before the step: earlier steps' draws (the first step's prior).
         seen = [workload.draw(self.rng) for _ in range(prior_steps)]
@@ -293,6 +297,7 @@ class Simulation:
         self.carried, self.ahead_index = None, None  # the next step's work begun by the step before (Step.carry)
         self.begun = -1  # deep_pipeline: the last step begun
         for update in range(last):
+            self.span_step = update
             ahead, beside = pipeline.rollouts(update, len(pending), pipe, last)
             for index in ahead:  # the pipeline's fill: rolled out and judged, nothing trained
                 pending.append(self._new_step(index, version=0))
@@ -654,6 +659,7 @@ class Simulation:
             for slot in self.slots:
                 if slot.role == Role.ROLLOUT:
                     slot.ready_at = self.now + self.model.shift_seconds(Role.ROLLOUT, Role.ROLLOUT, n, False)
+                    self._span(slot.index, "shift", self.now, slot.ready_at, src=Role.ROLLOUT, dst=Role.ROLLOUT)
             if self.rules.shifts_stall_all:
                 self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
 
@@ -804,6 +810,8 @@ class Simulation:
                 state is None and bool(s.running) and not s.stopped
             waiting = state is None and s.stopped and bool(s.running)
             self.slot_s[s.role if working else "waiting" if waiting else f"{s.role} idle"] += span - shifting
+            if working and span > shifting:
+                self._span(s.index, s.role, self.now + shifting, t)
 
     def _wait_until(self, t: float, state: str | None = None) -> None:
         if t > self.now:
@@ -878,7 +886,23 @@ class Simulation:
         """The slot's shift from its role to `role` (train to train: a reshard), counted as a shift."""
         seconds = self.model.shift_seconds(slot.role, role, train_slots, grads)
         self.shifts, self.shift_seconds = self.shifts + 1, self.shift_seconds + seconds
-        slot.ready_at = max(slot.ready_at, self.now) + seconds
+        start = max(slot.ready_at, self.now)
+        slot.ready_at = start + seconds
+        self._span(slot.index, "shift", start, slot.ready_at, src=slot.role, dst=role)
+
+    def _span(self, rank: int, role: str, start: float, end: float, src: str = "", dst: str = "") -> None:
+        """A span of the slot's work in `role` (merged with its last where one follows the other) or of a
+        shift from `src` to `dst`, where the run keeps them (`spans`)."""
+        if self.spans is None:
+            return
+        last = self.last_span.get(rank)
+        if role != "shift" and last and last["role"] == role and last["step"] == self.span_step \
+                and start - last["end"] < 1e-9:
+            last["end"] = end
+            return
+        span = {"step": self.span_step, "rank": rank, "role": role, "start": start, "end": end}
+        self.spans.append(span | ({"from": src, "to": dst} if role == "shift" else {}))
+        self.last_span[rank] = self.spans[-1]
 
     def _work(self) -> planner.Work:
         """What rank 0 tells the planner, built as LoopPlanner.work builds it (planner.step_work): with a

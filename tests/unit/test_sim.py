@@ -283,7 +283,7 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     model = C.CpuModel(cal, measured)
     assert model.shift_seconds("rollout", "judge", 4, False) == measured["shift_s"]["rollout->judge"]  # the runs' own
     args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
-                              preset="h200", max_staleness=0, search_split=False)
+                              preset="h200", max_staleness=0, search_split=False, timeline=None)
     r = simulate(cal, "cpu", measured["nproc"], args)
     assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "judge": 1, "train": 1}
     for p in r["placements"].values():
@@ -293,6 +293,39 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     # Colocated on the built-in task: a timed first round, then until every engine is empty, for rollout
     # and for the judge; the ranks' report to rank 0 as measured after each.
     assert r["placements"]["colocated@0"]["rounds"] == 2 * 4
+
+
+@pytest.mark.parametrize("placement, staleness", [("colocated", 0), ("pivot", 0), ("pivot", 2), ("disaggregated", 2)])
+def test_the_timeline_accounts_for_every_slots_work_and_shifts(cal, placement, staleness):
+    """`--timeline`'s spans hold what the device-seconds table counts: over the timed updates, each role's
+    work and the shifting, slot by slot, with no slot in two spans at once."""
+    model = C.GpuModel(cal, "dense-8b-32b")
+    sim = Simulation(model, C.gpu_workload(cal, 8), 8, placement, max_staleness=staleness,
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+    sim.spans = []
+    result = sim.run(2, skip=1)
+    start, end = sim.origin, sim.origin + result.seconds
+    held = lambda s: max(0.0, min(s["end"], end) - max(s["start"], start))  # noqa: E731
+    for role in ("rollout", "judge", "train", "shift"):
+        counted = result.slot_seconds["shifting" if role == "shift" else role]
+        assert sum(held(s) for s in sim.spans if s["role"] == role) == pytest.approx(counted, rel=1e-9, abs=1e-9)
+    for rank in range(8):
+        mine = sorted((s["start"], s["end"]) for s in sim.spans if s["rank"] == rank)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(mine, mine[1:]))
+    assert any(s["role"] == "shift" and s["from"] != s["to"] for s in sim.spans) == (placement != "disaggregated")
+
+
+def test_the_timeline_is_written_and_drawn_as_a_runs(cal, tmp_path):
+    measured = json.loads(BENCH_JSON.read_text())
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
+                              preset="h200", max_staleness=2, search_split=False, timeline=str(tmp_path))
+    r = simulate(cal, "cpu", measured["nproc"], args)
+    for name in r["placements"]:
+        folder = tmp_path / "cpu" / name
+        spans = [json.loads(line) for line in (folder / "timeline.jsonl").read_text().splitlines()]
+        assert spans and {s["rank"] for s in spans} <= set(range(measured["nproc"]))
+        assert (folder / "timeline.png").stat().st_size > 0
+        assert (folder / "timeline_step.png").exists() == any(s["role"] == "shift" for s in spans)
 
 
 def test_the_cpu_workload_deals_whole_measured_groups():
