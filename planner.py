@@ -183,7 +183,7 @@ def update_seconds(left_s: float, roles: list[str], costs: dict[tuple[str, str],
     acts on the answer). `costs[(a, b)]`: a shift from a to b, into a train group of every rank."""
     train, ranks = roles.count(Role.TRAIN), len(roles)
     moves = [costs[(role, Role.TRAIN)] for role in roles]  # a train rank's own: the reshard
-    everyone = (max(moves) if 0 < train < ranks or not train else 0.0) + left_s / ranks
+    everyone = (max(moves) if train < ranks else 0.0) + left_s / ranks
     if train and left_s / train <= everyone:
         return left_s / train, True
     return everyone, False

@@ -77,17 +77,13 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
                                    early_train=True, min_train_ranks=model.min_train_slots)
     largest = max(s for _, s in placements)
 
-    spans = {}  # --timeline: each run's slots' spans, by the id of its result
-
     def run(placement: str, staleness: int, fixed: dict | None = None):
         sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=fixed,
                          rules=rules, max_staleness=staleness)
         sim.spans = [] if args.timeline else None
         # At K > 0 every run skips one more update, so that the first timed step begins with what the
         # step before began (Simulation.run); K = 0 alone begins nothing ahead
-        result = sim.run(args.steps, skip=largest - sim.pipe + (1 if largest else 0))
-        spans[id(result)] = sim.spans
-        return result
+        return sim.run(args.steps, skip=largest - sim.pipe + (1 if largest else 0))
 
     out, searched = {}, None
     for placement, staleness in placements:
@@ -104,7 +100,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
         else:
             r = run(placement, staleness, split)
         if args.timeline:
-            write_timeline(Path(args.timeline) / group / label(placement, staleness), spans[id(r)], slots)
+            write_timeline(Path(args.timeline) / group / label(placement, staleness), r.spans, slots)
         out[label(placement, staleness)] = {
             "placement": placement, "max_staleness": staleness, "samples_per_s": r.samples_per_s,
             "tokens_per_s": r.tokens / r.seconds, "step_s": r.step_seconds, "shifts": r.shifts,

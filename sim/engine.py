@@ -148,6 +148,7 @@ class Result:
     bound_s: float  # summed over steps: what no placement can beat at this K (Simulation.run)
     work_bound_s: float  # summed over steps: the work at the best rate per slot (Simulation._work_bound)
     trained: list[tuple[int, int, int]]  # every update of the run, timed or not: (update, step trained, its version)
+    spans: list[dict] | None = None  # with Simulation.spans kept (--timeline): every slot's, the whole run's
 
     @property
     def busy_fraction(self) -> float:
@@ -351,7 +352,7 @@ class Simulation:
                 result = Result(self.placement, len(self.slots), self.now - self.origin, samples, tokens,
                                 self.shifts, self.shift_seconds / max(self.shifts, 1), step_seconds,
                                 dict(self.split), dict(self.slot_s), dict(self.phases), critical, self.rounds,
-                                bound, work, trained)
+                                bound, work, trained, self.spans)
         return result
 
     @staticmethod
@@ -640,10 +641,7 @@ class Simulation:
         # makes it.
         if not self.made:  # disaggregated's fixed roles are its split: the rule keeps them
             roles, grads = [s.role for s in self.slots], bool(step.trained.any())
-            # Rank 0 knows the shifts' costs from those it has seen; here, the model's into a group of every slot.
-            into = {(role, Role.TRAIN): self.model.shift_seconds(role, Role.TRAIN, len(roles), grads) for role in ROLES}
-            alone = self._early_train() and planner.update_seconds(
-                step.train_work()[0] / self.speeds.train_per_s, roles, into)[1]
+            alone = self._early_train() and self._update_alone(step, roles, grads)
             self._apply(book.update_roles(roles, None if everyone else roles, alone), grads=grads)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
         left, n = step.train_work()[0], max(1, len(trainers))
@@ -662,6 +660,13 @@ class Simulation:
                     self._span(slot.index, "shift", self.now, slot.ready_at, src=Role.ROLLOUT, dst=Role.ROLLOUT)
             if self.rules.shifts_stall_all:
                 self._wait_until(max(s.ready_at for s in self.slots), state="waiting")
+
+    def _update_alone(self, step: Step, roles: list[str], grads: bool) -> bool:
+        """Whether the train slots make the update alone (planner.update_seconds, as rank 0 asks it in
+        Placement.update_alone): rank 0 knows the shifts' costs from those it has seen; here, the model's
+        into a group of every slot."""
+        into = {(role, Role.TRAIN): self.model.shift_seconds(role, Role.TRAIN, len(roles), grads) for role in ROLES}
+        return planner.update_seconds(step.train_work()[0] / self.speeds.train_per_s, roles, into)[1]
 
     def _critical_path(self, step: Step, block: int = 64) -> float:
         """A lower bound on the step, whatever the placement: its slowest sample generated and then
@@ -748,6 +753,8 @@ class Simulation:
         slots = working if shared or touched is None else [s for s in [touched] if not s.stopped]
         busy = self._busy()
         share = self.model.contention(busy)
+        # A round's prefills run beside every slot it gives work to, those still shifting into their role too.
+        prefill_share = self.model.contention(self._busy(shifting=True)) if shared else share
         if self.train_left > 0 and (shared or touched is None):
             self.train_share, self.train_version = share, self.train_version + 1
             self._push(self.now + self.train_left * share, -1, self.train_version)
@@ -761,8 +768,8 @@ class Simulation:
             if s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
                 s.t = self.now - (self.now - s.t) / s.step_s * step_s
             s.step_s = step_s
-            if s.prefill_s and not s.stepped:  # beside every slot the round's start gives work to, shifted or not
-                self._prefill(s, self.model.contention(self._busy(shifting=True)))
+            if s.prefill_s and not s.stepped:
+                self._prefill(s, prefill_share)
             s.version += 1
             left = int((self._target(s.role, s.running) - self._progress(s.role)[s.running]).min())
             steps = min(left, self._steps_before_halt(s))
@@ -810,7 +817,7 @@ class Simulation:
                 state is None and bool(s.running) and not s.stopped
             waiting = state is None and s.stopped and bool(s.running)
             self.slot_s[s.role if working else "waiting" if waiting else f"{s.role} idle"] += span - shifting
-            if working and span > shifting:
+            if self.spans is not None and working and span > shifting:
                 self._span(s.index, s.role, self.now + shifting, t)
 
     def _wait_until(self, t: float, state: str | None = None) -> None:
