@@ -18,6 +18,9 @@ class Dist:
     control: dist.ProcessGroup | None  # gloo: plans, small Python objects (None once shut down)
     tensors: dist.ProcessGroup | None  # NCCL on GPU, gloo on CPU: weights and gradients
     store: dist.Store | None = None  # the launch's store (a TCPStore): signals that must not wait for a collective
+    # A second client of it, for a wait that blocks a thread of the rank's own (a client serves one request
+    # at a time: a wait on `store` would hold the rank's other requests behind it).
+    watch: dist.Store | None = None
     # This rank and the ranks of the same local index on the other nodes, on the tensor backend: the
     # rows a rank writes to storage go to the other nodes' replicas here (None on one node).
     peers: dist.ProcessGroup | None = None
@@ -54,7 +57,8 @@ def init_distributed() -> Dist:
                          f"the same --nproc_per_node")
     return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=world_size,
                 local_world_size=local_world_size, device=device, control=control, tensors=dist.group.WORLD,
-                store=store["store"], peers=_node_peers(local_rank, world_size, local_world_size))
+                store=store["store"], watch=store["store"].clone(),
+                peers=_node_peers(local_rank, world_size, local_world_size))
 
 
 def _node_peers(local_rank: int, world_size: int, local_world_size: int):
@@ -80,7 +84,7 @@ def shutdown_distributed(d: Dist) -> None:
     # interpreter exits, a worker still releasing its last collective's tensors asks for the GIL
     # while the interpreter finalizes, and the process dies in std::terminate (seen about once in 15
     # launches). Dropping ours here joins them first.
-    d.control = d.tensors = d.store = d.peers = None
+    d.control = d.tensors = d.store = d.watch = d.peers = None
     gc.collect()
 
 

@@ -156,9 +156,8 @@ def cost_model(folders: list[Path], nproc: int, cpus: int) -> dict:
                     * shared_cores(k, cpus) / n}
     # The rounds: what one costs beyond its busiest rank's engine steps, the planner's time and the shifts
     # made in it (the ranks' exchange with rank 0), and per placement the planner's time and a whole round.
-    # Each per placement: timed rounds (disaggregated, pivot; their ranks look up the round's end in the
-    # launch's store between engine steps) and colocated's run-until-empty ones cost differently beyond
-    # their engine steps.
+    # Each per placement: timed rounds (disaggregated, pivot; their ranks agree on the round's end through
+    # the launch's store) and colocated's run-until-empty ones cost differently beyond their engine steps.
     for key, seconds in (("exchange_per_round_s", "exchange_s"), ("plan_per_round_s", "plan_s"),
                          ("round_mean_s", "rollout_judge_s")):
         out[key] = {p: sum(r[seconds] for r in placed[p]) / sum(r["rounds"] for r in placed[p]) for p in placed}

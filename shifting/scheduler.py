@@ -49,6 +49,7 @@ admission, so what a step draws does not depend on the order its groups finish i
 is judged and informative, so none is trained and then left out.
 """
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -90,35 +91,49 @@ class RoundEnd:
     """When a timed round ends, agreed without a collective: a counter in the launch's store that every
     rank adds 1 to once it has had its round's time (or has nothing left to do), and that a rank whose
     engine ran empty (when the placement may have other work for it) also adds world size + 1 to: the round
-    ends once every rank has arrived, or once EMPTY_SHARE of the ranks have run empty. A rank past its
-    time keeps working until then, looking the counter up between engine steps, at most every `poll_s`
-    (a look-up is a round trip to the store, some 0.1-0.3 ms): so no rank idles while another finishes a
-    long step, a long prefill or a training share, and the exchange comes once all are ready for it."""
+    ends once every rank has arrived, or once EMPTY_SHARE of the ranks have run empty. The rank whose add
+    ends it sets the round's `over` key. A rank past its time keeps working until then: a thread of its own
+    waits for that key on `watch` (a second client of the store: one client serves one request at a time,
+    so a wait on `store` would hold the rank's other requests behind it), and between engine steps the
+    rank reads the thread's flag. So no rank idles while another finishes a long step, a long prefill or a
+    training share, the exchange comes once all are ready for it, and the store hears from each rank once
+    or twice a round, where a look-up between engine steps cost every rank up to a hundred round trips a
+    second (docs/placements.md)."""
 
-    def __init__(self, store, world_size: int, step: int, poll_s: float = book.POLL_S):
-        self.store, self.world_size, self.step, self.poll_s = store, world_size, step, poll_s
+    def __init__(self, store, watch, world_size: int, step: int):
+        self.store, self.watch, self.world_size, self.step = store, watch, world_size, step
         self.empty = world_size + 1  # what a rank run empty adds: arrivals alone never reach it
         self.enough = book.empty_enough(world_size)
-        self.round, self.last_poll, self.arrived = 0, 0.0, False
+        self.round, self.arrived, self.ended, self.watcher = 0, False, threading.Event(), None
 
     def next(self) -> None:
-        self.round, self.last_poll, self.arrived = self.round + 1, time.perf_counter(), False
+        self.round, self.arrived, self.ended, self.watcher = self.round + 1, False, threading.Event(), None
 
     @property
     def key(self) -> str:
         return f"round-end/{self.step}/{self.round}"
 
+    @property
+    def over_key(self) -> str:
+        return f"{self.key}/over"
+
     def arrive(self) -> None:
         """This rank has had its round's time."""
         if not self.arrived:
             self.arrived = True
-            self.store.add(self.key, 1)
+            self._add(1)
 
     def end_now(self) -> None:
         """This rank is free and the placement may have other work for it: with enough such ranks, every rank
         stops."""
-        self.store.add(self.key, self.empty + (0 if self.arrived else 1))
+        self._add(self.empty + (0 if self.arrived else 1))
         self.arrived = True
+
+    def _add(self, n: int) -> None:
+        count = self.store.add(self.key, n)
+        if not self.ended.is_set() and (count % self.empty >= self.world_size or count // self.empty >= self.enough):
+            self.store.set(self.over_key, "1")
+            self.ended.set()
 
     def stop(self, limit: Rounds, start: float) -> bool:
         """Between two pieces of a rank's work in a timed round (engine steps, train groups): arrives once
@@ -131,17 +146,27 @@ class RoundEnd:
         return (self.arrived or limit.early) and self.over()
 
     def over(self) -> bool:
-        """Whether every rank has arrived or one ended the round (looked up at most every poll_s)."""
-        now = time.perf_counter()
-        if now - self.last_poll < self.poll_s:
-            return False
-        self.last_poll = now
-        count = self.store.add(self.key, 0)
-        return count % self.empty >= self.world_size or count // self.empty >= self.enough
+        """Whether every rank has arrived or enough ended the round: this rank's flag, set by its own add
+        that ended the round or by its thread waiting for the `over` key (started at the first question)."""
+        if self.watcher is None and not self.ended.is_set():
+            self.watcher = threading.Thread(target=self._wait, args=(self.over_key, self.ended), daemon=True)
+            self.watcher.start()
+        return self.ended.is_set()
+
+    def _wait(self, key: str, ended: threading.Event) -> None:
+        self.watch.wait([key])
+        ended.set()
+
+    def leave(self) -> None:
+        """Before the round's exchange, which every rank reaches having arrived: the round is then over or
+        about to be, and this rank's thread is through, so none is left waiting on a key rank 0 deletes."""
+        if self.watcher is not None:
+            self.watcher.join()
 
     def forget(self) -> None:
-        """Rank 0, once every rank has left the round: its key is no longer read."""
+        """Rank 0, once every rank has left the round: its keys are no longer read."""
         self.store.delete_key(self.key)
+        self.store.delete_key(self.over_key)
 
 
 @dataclass
@@ -507,9 +532,10 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
     step_prompts = {step: prompts, step + 1: ahead or []}
     report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
-    ending = RoundEnd(d.store, d.world_size, step)
+    ending = RoundEnd(d.store, d.watch, d.world_size, step)
     while True:
         begin = time.perf_counter()
+        ending.leave()
         orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since)
         if d.rank == 0:
             ending.forget()

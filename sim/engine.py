@@ -28,7 +28,7 @@ after the round's limit: none when colocated has nothing queued (its phase ends 
 empties), else `round_steps` times the median engine step seen in the step (and at least
 `over_exchange` exchanges and `over_longest` of the longest recent steps), which slots that run empty
 after stepping (one in `empty_share`, one at least) cut short for every slot (the loop's RoundEnd
-counter in the launch's store, seen `poll_s` / 2 later on average). A slot past the limit with work in
+counter in the launch's store, seen `notice_s` later). A slot past the limit with work in
 hand steps on until every slot has reached it; the train slots likewise, group by group (they reach it
 at the end of the group in progress, and stop there if they are the last), and hand back the groups
 they did not reach. A slot that has stopped waits for the others: the round ends with the last
@@ -63,8 +63,8 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 @dataclass(frozen=True)
 class RoundRules:
     """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
-    --round-steps default, the round-end poll, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST, EMPTY_SHARE and
-    the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
+    --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
+    EMPTY_SHARE and the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
     change, two switches that turn its rules off, and three that add rules it lacks:
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
@@ -92,7 +92,7 @@ class RoundRules:
                           pivotrl/workers/ps/staleness_controller.py: a sample begun at version v may enter the
                           buffers of v to v + K), where the loop's K is per step (0: off, as the loop does)"""
     round_steps: int = book.ROUND_STEPS
-    poll_s: float = book.POLL_S
+    notice_s: float = book.NOTICE_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
     over_exchange: float = book.ROUND_OVER_EXCHANGE
     over_longest: float = book.ROUND_OVER_LONGEST
@@ -547,7 +547,7 @@ class Simulation:
         self.train_arrived, self.train_arrives_at = True, None
         if self._all_arrived() and self.round_end == math.inf:  # the last to arrive: they stop here
             self._cut_training()
-            self._end_round(self.now + self.rules.poll_s / 2)
+            self._end_round(self.now + self.rules.notice_s)
 
     def _cut_training(self) -> None:
         """The round is over for the train slots: they finish the group in progress; the groups after it
@@ -593,7 +593,7 @@ class Simulation:
             if index == -1 and version == self.train_version:  # the train slots are through their groups
                 self.train_left = 0.0
                 if self.rules.step_on and self._all_arrived():
-                    self._end_round(self.now + self.rules.poll_s / 2)
+                    self._end_round(self.now + self.rules.notice_s)
                 self._retime(None)
             elif index == -2 and self.train_left > 0:  # past their time: they arrive at the next group boundary
                 if not self.rules.step_on:
@@ -724,7 +724,7 @@ class Simulation:
             slot.arrived, slot.halt = True, math.inf  # steps on until every slot has arrived
             if self._all_arrived():  # the last to arrive ends the round
                 slot.stopped = True
-                self._end_round(self.now + self.rules.poll_s / 2)
+                self._end_round(self.now + self.rules.notice_s)
                 return
         elif not slot.running or self._steps_before_halt(slot) == 0:
             slot.stopped = slot.arrived = True
@@ -732,7 +732,7 @@ class Simulation:
                 self.emptied += 1
             ends = self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
             if ends or self.rules.step_on and self._all_arrived():
-                self._end_round(self.now + self.rules.poll_s / 2)  # the others look every poll_s
+                self._end_round(self.now + self.rules.notice_s)  # the others learn of it through the store
                 return
         self._retime(slot)
 
