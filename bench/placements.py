@@ -185,10 +185,11 @@ def label(placement: str, staleness: int) -> str:
     return f"{placement}@{staleness}"
 
 
-def ratio(results: dict, a: str, b: str) -> float:
-    """The median over repeats of a's samples/s over b's in the same repeat: runs next to each other in
-    time share the machine's drift, which a ratio of the placements' own medians would not cancel."""
-    return statistics.median(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[a], results[b]))
+def repeat_ratios(results: dict, a: str, b: str) -> list[float]:
+    """a's samples/s over b's in each repeat: runs next to each other in time share the machine's drift,
+    which a ratio of the placements' own medians would not cancel. Their median is the bench's ratio;
+    their spread says how far to trust it (single repeats here differ by 20-30%)."""
+    return [x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[a], results[b])]
 
 
 def placeable(args) -> dict[str, str]:
@@ -266,13 +267,15 @@ def main():
             "exchange_share": statistics.median(r["exchange_share"] for r in runs),
             "rewards": runs[0]["rewards"], "runs": runs}
     baseline = label("colocated", bounds[0])  # colocated at the smallest K asked for (0 by default)
-    ratios = {f"pivot{k}_over_colocated{bounds[0]}": ratio(results, label("pivot", k), baseline) for k in bounds}
+    by_repeat = {f"pivot{k}_over_colocated{bounds[0]}": repeat_ratios(results, label("pivot", k), baseline)
+                 for k in bounds}
     if "disaggregated" in placements:
-        ratios |= {f"pivot{k}_over_disaggregated{k}": ratio(results, label("pivot", k), label("disaggregated", k))
-                   for k in bounds}
+        by_repeat |= {f"pivot{k}_over_disaggregated{k}": repeat_ratios(results, label("pivot", k),
+                                                                        label("disaggregated", k)) for k in bounds}
+    ratios = {name: statistics.median(values) for name, values in by_repeat.items()}
     figures = {"nproc": args.nproc, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
                "max_staleness": bounds, "split": None if "disaggregated" in skipped else args.split,
-               "skipped": skipped, "placements": table, "ratios": ratios,
+               "skipped": skipped, "placements": table, "ratios": ratios, "ratios_by_repeat": by_repeat,
                # Colocated leaves the rest of the machine idle; no placement can use more than all of it.
                "bound_over_colocated": 1 / table[baseline]["steps_cpu_busy"], **model, "rounds": rounds}
     report(figures, table, model, cpus, args)
@@ -303,7 +306,9 @@ def report(figures: dict, table: dict, model: dict, cpus: int, args) -> None:
     print("(exchange: the share of rollout+judge time spent in the exchange with rank 0, metrics' exchange_s)")
     print()
     for name, value in figures["ratios"].items():
-        print(f"{name:28s} {value:.2f}x   (this machine's bound over colocated: {figures['bound_over_colocated']:.2f}x)")
+        repeats = ", ".join(f"{r:.2f}" for r in figures["ratios_by_repeat"][name])
+        print(f"{name:28s} {value:.2f}x (repeats {repeats})   (this machine's bound over colocated: "
+              f"{figures['bound_over_colocated']:.2f}x)")
     print(f"(bound: 1 / colocated's CPU busy fraction during its steps; {cpus} cores, shared with whatever else runs "
           f"on the machine)")
     if model:
