@@ -104,7 +104,8 @@ class RoundEnd:
         self.store, self.watch, self.world_size, self.step = store, watch, world_size, step
         self.empty = world_size + 1  # what a rank run empty adds: arrivals alone never reach it
         self.enough = book.empty_enough(world_size)
-        self.round, self.arrived, self.ended, self.watcher = 0, False, threading.Event(), None
+        self.round = -1
+        self.next()
 
     def next(self) -> None:
         self.round, self.arrived, self.ended, self.watcher = self.round + 1, False, threading.Event(), None

@@ -547,7 +547,7 @@ class Simulation:
         self.train_arrived, self.train_arrives_at = True, None
         if self._all_arrived() and self.round_end == math.inf:  # the last to arrive: they stop here
             self._cut_training()
-            self._end_round(self.now + self.rules.notice_s)
+            self._end_round()
 
     def _cut_training(self) -> None:
         """The round is over for the train slots: they finish the group in progress; the groups after it
@@ -593,7 +593,7 @@ class Simulation:
             if index == -1 and version == self.train_version:  # the train slots are through their groups
                 self.train_left = 0.0
                 if self.rules.step_on and self._all_arrived():
-                    self._end_round(self.now + self.rules.notice_s)
+                    self._end_round()
                 self._retime(None)
             elif index == -2 and self.train_left > 0:  # past their time: they arrive at the next group boundary
                 if not self.rules.step_on:
@@ -724,7 +724,7 @@ class Simulation:
             slot.arrived, slot.halt = True, math.inf  # steps on until every slot has arrived
             if self._all_arrived():  # the last to arrive ends the round
                 slot.stopped = True
-                self._end_round(self.now + self.rules.notice_s)
+                self._end_round()
                 return
         elif not slot.running or self._steps_before_halt(slot) == 0:
             slot.stopped = slot.arrived = True
@@ -732,12 +732,14 @@ class Simulation:
                 self.emptied += 1
             ends = self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
             if ends or self.rules.step_on and self._all_arrived():
-                self._end_round(self.now + self.rules.notice_s)  # the others learn of it through the store
+                self._end_round()
                 return
         self._retime(slot)
 
-    def _end_round(self, seen: float) -> None:
-        """Every slot stops at its first step boundary (or group boundary) after `seen`."""
+    def _end_round(self) -> None:
+        """The round is over now: every slot stops at its first step boundary (or group boundary) after it
+        learns so through the store, `notice_s` later (the loop's RoundEnd)."""
+        seen = self.now + self.rules.notice_s
         self.round_end = min(self.round_end, seen)
         for s in self.slots:
             s.halt = min(s.halt, seen)
