@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+import algorithm
 import export
 import faults
 from roles.rollout import Sample
@@ -25,13 +26,13 @@ from roles.rollout import Sample
 # Bytes per read or write: the state moves between disk and storage with no full copy of it in between.
 _CHUNK = 64 << 20
 
-# The flags a resumed run must share with the run it continues (--steps may grow).
+# The flags a resumed run must share with the run it continues (--steps may grow): every flag of the
+# algorithm (algorithm.FLAGS) and these.
 SAME_FLAGS = ("policy", "judge_model", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
-              "lr", "weight_decay", "grad_clip", "clip_eps", "kl_coef", "minibatches", "placement", "split",
-              "force_shifts", "clip_ratio_c", "adam_betas", "workload", "max_staleness", "rollout_is",
-              "rollout_is_threshold", "clip_eps_high", "lr_warmup_steps", "loss_agg", "reward", "overlong_buffer",
-              "answer_marker", "filter_groups", "filter_groups_max_prompts")
+              "lr", "weight_decay", "grad_clip", "minibatches", "placement", "split", "force_shifts", "adam_betas",
+              "workload", "max_staleness", "lr_warmup_steps", "answer_marker", "filter_groups",
+              "filter_groups_max_prompts", *algorithm.FLAGS)
 
 
 def latest(out: Path) -> dict | None:
@@ -42,9 +43,12 @@ def latest(out: Path) -> dict | None:
     return {"folder": folder, **json.loads((folder / "meta.json").read_text())}
 
 
-def differing_flags(saved: dict, args) -> list[str]:
-    return [f"--{k.replace('_', '-')} {saved.get(k)!r} -> {getattr(args, k)!r}"
-            for k in SAME_FLAGS if saved.get(k) != getattr(args, k)]
+def differing_flags(saved: dict, args, defaults: dict) -> list[str]:
+    """The flags of SAME_FLAGS whose value in the run's saved config.json (`saved`) differs from this
+    launch's, each as --flag old -> new. A flag the saved config lacks (the run began before it existed)
+    counts as its default: so a run checkpointed before a flag was added resumes after it, at its default."""
+    return [f"--{k.replace('_', '-')} {saved.get(k, defaults[k])!r} -> {getattr(args, k)!r}"
+            for k in SAME_FLAGS if saved.get(k, defaults[k]) != getattr(args, k)]
 
 
 def save(d, out: Path, steps_done: int, train_state, context, policy_dir: str, planner: dict | None = None,

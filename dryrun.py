@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+import algorithm
 from roles import Role
 from roles.trainer import decoder_layers, inference_dtype, logit_chunk_positions
 from storage import shard_rows
@@ -170,14 +171,15 @@ def sizing(args, placement_options) -> dict:
     from shifting.placement import Placement
     placement = Placement(placement_options, world)
     roles, train_ranks = placement.start_roles(), placement.most_train_ranks()
+    reference = algorithm.from_args(args).keeps_reference
     train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
-                                     activation_checkpointing=args.activation_checkpointing, kl=args.kl_coef > 0)
+                                     activation_checkpointing=args.activation_checkpointing, kl=reference)
     device = {Role.ROLLOUT: {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
               Role.JUDGE: {"weights": judge["params"] * dtype.itemsize, "kv_cache": kv},
               Role.TRAIN: train}
     node = {"policy_weights": policy["params"] * dtype.itemsize, "judge_weights": judge["params"] * dtype.itemsize,
             "policy_train_state_fp32": 3 * policy["params"] * f32 + policy["buffer_bytes"]}
-    if args.kl_coef > 0:
+    if reference:
         node["reference_fp32"] = policy["params"] * f32
     samples = args.prompts_per_step * args.group_size
     notes = []

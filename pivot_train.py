@@ -75,18 +75,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import algorithm
 import checkpoint
 import export
 import faults
 import pipeline
 import report
 from planner import parse_split
-from rewards import NEEDS_REFERENCE, Recipe, matches_reference, parse_reward
+from algorithm import NEEDS_REFERENCE, Recipe, group_advantages, matches_reference
 from roles import Role, logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.judge import JUDGE_KINDS, PARSE_RULES, Judge, fill_template
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import LOSS_AGGS, ROLLOUT_IS, PolicyTrainer, grpo_advantages
+from roles.trainer import PolicyTrainer
 from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
 from shifting import book
 from shifting.context import RoleContext
@@ -104,138 +105,123 @@ def parse_args(argv=None):
     return build_parser().parse_args(argv)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help gives each flag's default, except where its help says what the default is (one worked out
+    from other flags)."""
+
+    def _get_help_string(self, action):
+        return action.help if "default:" in (action.help or "") else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # model
-    p.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
-    p.add_argument("--judge-model", default=str(HERE / "models/arith-genrm"), help="HF directory of the judge")
-    p.add_argument("--judge-template", default=str(HERE / "tasks/judge_arith.txt"),
-                   help="text file with {prompt}, {response} and optionally {reference}; {rubric} for a rubric judge")
-    p.add_argument("--max-model-len", type=int, default=256,
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    g = p.add_argument_group("model and data")
+    g.add_argument("--policy", default=str(HERE / "models/arith-policy"), help="HF directory of the policy")
+    g.add_argument("--judge-model", default=str(HERE / "models/arith-genrm"), help="HF directory of the judge")
+    g.add_argument("--max-model-len", type=int, default=256,
                    help="prompt + response (and judge prompt + critique) tokens; longer prompts are left out")
-    # data
-    p.add_argument("--data", default=str(HERE / "tasks/data/arith_train.jsonl"), help=".jsonl or .parquet")
-    p.add_argument("--eval-data", default=str(HERE / "tasks/data/arith_eval.jsonl"), help=".jsonl or .parquet")
-    p.add_argument("--eval-split", type=float, default=0.0,
+    g.add_argument("--data", default=str(HERE / "tasks/data/arith_train.jsonl"), help=".jsonl or .parquet")
+    g.add_argument("--eval-data", default=str(HERE / "tasks/data/arith_eval.jsonl"), help=".jsonl or .parquet")
+    g.add_argument("--eval-split", type=float, default=0.0,
                    help="hold out this fraction of --data (seeded) for evaluation instead of --eval-data")
-    p.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
-    p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
-    p.add_argument("--eval-samples", type=int, default=0, metavar="K",
+    g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
+    g.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per evaluation")
+    g.add_argument("--eval-samples", type=int, default=0, metavar="K",
                    help="also sample K answers to each held-out prompt at --temperature (each seeded) and report "
                         "their mean accuracy, avg@K; 0: greedy answers only")
-    p.add_argument("--answer-marker", default=">",
+    g.add_argument("--answer-marker", default=">",
                    help="a response's final answer is the text after the last marker (for eval_accuracy)")
-    # rollout
-    p.add_argument("--prompts-per-step", type=int, default=16)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-response-tokens", type=int, default=64)
-    p.add_argument("--filter-groups", action="store_true",
+    g = p.add_argument_group("generation")
+    g.add_argument("--prompts-per-step", type=int, default=16, help="prompts an update trains (P)")
+    g.add_argument("--group-size", type=int, default=8, help="responses sampled per prompt (G), the group GRPO compares")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="the policy samples at it, and the trainer divides its logits by it")
+    g.add_argument("--max-response-tokens", type=int, default=64, help="the most tokens a response takes")
+    g.add_argument("--filter-groups", action="store_true",
                    help="DAPO's dynamic sampling: leave groups whose G rewards are all equal out of the update, and "
                         "draw more prompts while the step runs until it has --prompts-per-step informative groups")
-    p.add_argument("--filter-groups-max-prompts", type=int, default=None, metavar="N",
+    g.add_argument("--filter-groups-max-prompts", type=int, default=None, metavar="N",
                    help="with --filter-groups: the most prompts a step draws (default: 4 x --prompts-per-step); a "
                         "step that draws them all trains the informative groups it has")
-    p.add_argument("--workload", choices=["task", "longtail"], default="task",
+    g.add_argument("--workload", choices=["task", "longtail"], default="task",
                    help="task: the data's prompts, answered and judged as the models write; longtail: a throughput "
                         "workload, each response and critique generated to a drawn length (log-normal, p99 at "
                         "the token budget, median a tenth of it); its rewards mean nothing")
-    # judge
-    p.add_argument("--judge-kind", choices=JUDGE_KINDS, default="verdict",
+    g = p.add_argument_group("judge model")
+    g.add_argument("--judge-template", default=str(HERE / "tasks/judge_arith.txt"),
+                   help="text file with {prompt}, {response} and optionally {reference}; {rubric} for a rubric judge")
+    g.add_argument("--judge-kind", choices=JUDGE_KINDS, default="verdict",
                    help="verdict: the judge ends with 'verdict: correct|wrong'; rubric: it scores the example's "
                         "rubric and ends with 'score: N' (1-10)")
-    p.add_argument("--max-critique-tokens", type=int, default=96)
-    p.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
+    g.add_argument("--max-critique-tokens", type=int, default=96, help="the most tokens a critique takes")
+    g.add_argument("--on-parse-failure", choices=PARSE_RULES, default="fail",
                    help="a critique with no verdict: score 0 (fail), judge once more (retry), or stop")
-    # reward
-    p.add_argument("--reward", default="judge=1",
-                   help="the reward's sources with a coefficient each, summed: judge (the judge's score), exact (1 if the "
-                        "answer after --answer-marker equals the reference, else 0), overlong (DAPO's penalty, "
-                        "0 down to -1 over the last --overlong-buffer tokens), e.g. judge=1,exact=1,overlong=1")
-    p.add_argument("--overlong-buffer", type=int, default=0,
-                   help="with overlong in --reward: the tokens before --max-response-tokens over which the "
-                        "penalty falls from 0 to -1 (DAPO uses a fifth of the budget)")
-    # optimisation
-    p.add_argument("--lr", type=float, default=2e-4,
+    algorithm.add_flags(p)
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=float, default=2e-4,
                    help="AdamW's learning rate (the built-in task's held-out accuracy wanders back down at 5e-4)")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--clip-eps", type=float, default=0.2)
-    p.add_argument("--clip-eps-high", type=float, default=None,
-                   help="the ratio's upper clip is 1 + this (DAPO's clip-higher, e.g. 0.28); default: --clip-eps")
-    p.add_argument("--lr-warmup-steps", type=int, default=0,
+    g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="the largest gradient norm an update takes")
+    g.add_argument("--lr-warmup-steps", type=int, default=0,
                    help="warm the learning rate up linearly over this many optimizer steps (lr / N at the "
                         "first); 0: constant")
-    p.add_argument("--loss-agg", choices=LOSS_AGGS, default="token-mean",
-                   help="how a minibatch's token losses are averaged (verl's loss_agg_mode): over all its "
-                        "response tokens, each response's mean then over responses, or each response's sum "
-                        "then over responses")
-    p.add_argument("--clip-ratio-c", type=float, default=3.0,
-                   help="dual clip: with a negative advantage A the token loss is at most -C*A (verl's "
-                        "clip_ratio_c); 0 turns it off")
-    p.add_argument("--kl-coef", type=float, default=0.0, help="k3 KL to the initial policy; 0 skips it")
-    p.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
-    p.add_argument("--adam-betas", default="0.9,0.99", help="AdamW's beta1,beta2")
-    p.add_argument("--max-bad-steps", type=int, default=3,
+    g.add_argument("--minibatches", type=int, default=1, help="optimizer steps per RL step")
+    g.add_argument("--adam-betas", default="0.9,0.99", help="AdamW's beta1,beta2")
+    g.add_argument("--max-bad-steps", type=int, default=3,
                    help="stop after this many optimizer steps in a row skipped for a non-finite gradient norm")
-    p.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
-    p.add_argument("--micro-batch-tokens", type=int, default=0,
+    g.add_argument("--micro-batch", type=int, default=32, help="samples per forward pass")
+    g.add_argument("--micro-batch-tokens", type=int, default=0,
                    help="also cap a forward pass at this many prompt+response tokens, padded to its longest "
                         "sample (a longer sample goes alone); 0: --micro-batch alone")
-    p.add_argument("--activation-checkpointing", action="store_true",
+    g.add_argument("--activation-checkpointing", action="store_true",
                    help="keep only each decoder layer's input for backward and recompute the layer there")
-    # placement
-    p.add_argument("--placement", choices=["colocated", "disaggregated", "pivot"], default="colocated",
+    g = p.add_argument_group("placement and scheduling")
+    g.add_argument("--placement", choices=["colocated", "disaggregated", "pivot"], default="colocated",
                    help="colocated: every rank rolls out, then judges, then trains; disaggregated: a fixed "
                         "--split of ranks per role; pivot: the planner moves ranks between roles as the step runs")
-    p.add_argument("--split", default=None,
+    g.add_argument("--split", default=None,
                    help="disaggregated: ranks per role in rank order, e.g. rollout=2,judge=1,train=1")
-    p.add_argument("--force-shifts", type=int, default=None, metavar="SEED",
+    g.add_argument("--force-shifts", type=int, default=None, metavar="SEED",
                    help="replace the plan by a seeded random schedule of moves between engine steps, to "
                         "exercise sequence migration and role shifts on your own setup")
-    p.add_argument("--force-shift-rate", type=float, default=0.2,
+    g.add_argument("--force-shift-rate", type=float, default=0.2,
                    help="with --force-shifts, the chance of a move at each engine step")
-    p.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine, MiB")
-    p.add_argument("--judge-kv-cache-mb", type=int, default=None,
+    g.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine, MiB")
+    g.add_argument("--judge-kv-cache-mb", type=int, default=None,
                    help="KV cache of the judge's engine, MiB (default: --kv-cache-mb); on GPU it stays on the "
                         "device for the whole run, beside whatever the rank does")
-    p.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
+    g.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
                    help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
                         "an engine starts only where its weights, KV cache and this are free")
-    p.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
-    p.add_argument("--max-staleness", type=int, default=0, metavar="K",
+    g.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
+    g.add_argument("--max-staleness", type=int, default=0, metavar="K",
                    help="the update may train samples that weights up to K versions older sampled: it runs K steps "
                         "behind the rollout, overlapping it; 0: synchronous on-policy")
-    p.add_argument("--rollout-is", choices=ROLLOUT_IS, default="off",
-                   help="rollout correction: the ratio against pi_old (recomputed) and each token's loss weighted by "
-                        "the truncated ratio pi_old / pi_rollout, per token or per sequence; off: the ratio against "
-                        "the sampling logprobs, whose clip then bounds how far an update moves from them")
-    p.add_argument("--rollout-is-threshold", type=float, default=2.0,
-                   help="the rollout correction's truncation: no weight above it")
-    p.add_argument("--round-steps", type=int, default=book.ROUND_STEPS,
+    g.add_argument("--round-steps", type=int, default=book.ROUND_STEPS,
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
                         "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
-    # run
-    p.add_argument("--trace-rounds", action="store_true",
+    g = p.add_argument_group("run and logging")
+    g.add_argument("--trace-rounds", action="store_true",
                    help="rank 0 writes every round's reports and orders to OUT/rounds.jsonl, a line per step rolled "
                         "out, appended (python -m sim.replay replays them through the simulator's rules)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--checkpoint-every", type=int, default=0,
+    g.add_argument("--steps", type=int, default=30, help="RL steps (updates) of the run")
+    g.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints in OUT/checkpoints (and one after the last step); the same "
                         "command again resumes")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/latest")
-    p.add_argument("--wandb-project", default=None, metavar="NAME",
+    g.add_argument("--seed", type=int, default=0,
+                   help="the data order, every sample's sampling seed and a forced shift schedule come from it")
+    g.add_argument("--out", default="runs/latest", help="the run's folder; a run there with checkpoints resumes")
+    g.add_argument("--wandb-project", default=None, metavar="NAME",
                    help="also log the metrics to this Weights & Biases project (needs wandb installed; "
                         "WANDB_MODE=offline logs without a network)")
-    p.add_argument("--verbose", action="store_true",
+    g.add_argument("--verbose", action="store_true",
                    help="also show vLLM's progress notes and the warnings known to be harmless here (roles/logs.py)")
-    # dry run
-    p.add_argument("--dry-run", action="store_true",
+    g = p.add_argument_group("dry run", "check a configuration for many ranks without torchrun")
+    g.add_argument("--dry-run", action="store_true",
                    help="check the configuration for --world-size ranks and print each role's memory; loads no weights")
-    p.add_argument("--world-size", type=int, default=None, help="with --dry-run: the ranks to plan for")
-    p.add_argument("--nproc-per-node", type=int, default=8, help="with --dry-run: ranks (devices) per node")
-    p.add_argument("--device-memory-gib", type=float, default=None,
+    g.add_argument("--world-size", type=int, default=None, help="with --dry-run: the ranks to plan for")
+    g.add_argument("--nproc-per-node", type=int, default=8, help="with --dry-run: ranks (devices) per node")
+    g.add_argument("--device-memory-gib", type=float, default=None,
                    help="with --dry-run: fail if a device would need more than this")
     return p
 
@@ -255,21 +241,13 @@ NUMBER_RULES = [
     ("filter_groups_max_prompts", lambda v: v >= 1, "at least 1 (the most prompts a step draws with "
                                                     "--filter-groups, and no fewer than --prompts-per-step)"),
     ("max_critique_tokens", lambda v: v >= 1, "at least 1"),
-    ("overlong_buffer", lambda v: v >= 0, "0 or more (tokens before --max-response-tokens where the overlong "
-                                          "penalty falls to -1)"),
     ("lr", lambda v: v > 0, "above 0 (AdamW's learning rate, e.g. 2e-4)"),
     ("weight_decay", lambda v: v >= 0, "0 or more (AdamW's decoupled weight decay; 0: none)"),
     ("grad_clip", lambda v: v > 0, "above 0 (the largest gradient norm an update takes, e.g. 1.0)"),
-    ("clip_eps", lambda v: 0 < v < 1, "in (0, 1): PPO keeps the ratio within [1 - eps, 1 + eps], e.g. 0.2"),
-    ("clip_eps_high", lambda v: v > 0, "above 0: the ratio's upper clip is 1 + it (DAPO's clip-higher uses 0.28; "
-                                       "unset: --clip-eps)"),
     ("lr_warmup_steps", lambda v: v >= 0, "0 or more (optimizer steps of linear learning-rate warm-up; 0: none)"),
-    ("kl_coef", lambda v: v >= 0, "0 or more (0: no KL penalty to the initial policy)"),
     ("minibatches", lambda v: v >= 1, "at least 1 (optimizer steps per RL step)"),
     ("micro_batch", lambda v: v >= 1, "at least 1 (samples per forward pass)"),
     ("micro_batch_tokens", lambda v: v >= 0, "0 or more (tokens per forward pass; 0: --micro-batch alone)"),
-    ("clip_ratio_c", lambda v: v == 0 or v > 1, "0 (no dual clip) or above 1: the dual clip's bound on a negative "
-                                                "advantage's ratio (verl uses 3)"),
     ("max_bad_steps", lambda v: v >= 1, "at least 1 (skipped optimizer steps in a row that stop the run)"),
     ("force_shift_rate", lambda v: 0 <= v <= 1, "in [0, 1]: the chance of a forced move at each engine step"),
     ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the policy engine's KV cache)"),
@@ -278,7 +256,6 @@ NUMBER_RULES = [
     ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
     ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
     ("max_staleness", lambda v: v >= 0, "0 or more (updates by which the rollout may run ahead; 0: on-policy)"),
-    ("rollout_is_threshold", lambda v: v > 1, "above 1: the largest importance weight kept (verl uses 2.0)"),
     ("steps", lambda v: v >= 0, "0 or more"),
     ("checkpoint_every", lambda v: v >= 0, "0 or more (0: no checkpoints)"),
     ("seed", lambda v: v >= 0, "0 or more (numpy's seed sequences take no negative seed)"),
@@ -294,7 +271,7 @@ def check_config(args) -> tuple[str, PlacementOptions]:
         if not (Path(getattr(args, flag)) / "config.json").is_file():
             sys.exit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: no config.json there; pass a Hugging Face "
                      f"model directory")
-    for flag, holds, rule in NUMBER_RULES:
+    for flag, holds, rule in NUMBER_RULES + algorithm.number_rules():
         value = getattr(args, flag)
         if value is not None and not (math.isfinite(value) and holds(value)):
             sys.exit(f"--{flag.replace('_', '-')} must be {rule}; got {value}")
@@ -388,10 +365,9 @@ def step_draw(args) -> int:
 
 def reward_recipe(args) -> Recipe:
     try:
-        coefficients = parse_reward(args.reward)
+        return algorithm.from_args(args).recipe(args.answer_marker, args.max_response_tokens)
     except ValueError as e:
         sys.exit(str(e))
-    return Recipe(coefficients, args.answer_marker, args.max_response_tokens, args.overlong_buffer)
 
 
 def adam_betas(text: str) -> tuple[float, float]:
@@ -492,7 +468,8 @@ def main(argv=None):
         if resume is None and not (args.checkpoint_every and again):
             sys.exit(f"--out {out} holds a run with no checkpoint to resume from: pass a new --out directory "
                      f"(and --checkpoint-every K to make runs resumable)")
-        changed = checkpoint.differing_flags(json.loads((out / "config.json").read_text()), args)
+        changed = checkpoint.differing_flags(json.loads((out / "config.json").read_text()), args,
+                                             vars(build_parser().parse_args([])))
         if changed:
             sys.exit(f"--out {out} holds a run with other settings, so it cannot resume: " + "; ".join(changed))
     d = init_distributed()
@@ -513,7 +490,8 @@ def main(argv=None):
     on_gpu = d.device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
     placement, sampling = Placement(placement_options, d.world_size), sampling_options(args)
-    train_state = TrainState(d, args.policy, keep_reference=args.kl_coef > 0, keep_grads=placement.early_train)
+    algo = algorithm.from_args(args)
+    train_state = TrainState(d, args.policy, keep_reference=algo.keeps_reference, keep_grads=placement.early_train)
     storage = ParameterStorage(d, "policy", train_state.weight_shapes(dtype))
     if resume:
         checkpoint.restore(d, resume, train_state)
@@ -528,17 +506,16 @@ def main(argv=None):
     judge = Judge(args.judge_model, judge_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=(args.judge_kv_cache_mb or args.kv_cache_mb) << 20,
                   max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  encode_prompt=encode_prompt, judge_kind=args.judge_kind, recipe=reward_recipe(args),
+                  encode_prompt=encode_prompt, judge_kind=args.judge_kind,
+                  recipe=algo.recipe(args.answer_marker, args.max_response_tokens),
                   lengths=longtail.lengths(args.workload, args.seed, longtail.CRITIQUE, args.max_critique_tokens),
                   **engines)
     if resume:
         placement.load_state(resume["planner"])
-    hyper = dict(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, clip_eps=args.clip_eps,
-                 kl_coef=args.kl_coef, temperature=args.temperature, micro_batch=args.micro_batch,
+    hyper = dict(algorithm=algo, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                 temperature=args.temperature, micro_batch=args.micro_batch,
                  micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
-                 clip_ratio_c=args.clip_ratio_c, adam_betas=adam_betas(args.adam_betas),
-                 clip_eps_high=args.clip_eps_high, lr_warmup_steps=args.lr_warmup_steps, loss_agg=args.loss_agg,
-                 rollout_is=args.rollout_is, rollout_is_threshold=args.rollout_is_threshold)
+                 adam_betas=adam_betas(args.adam_betas), lr_warmup_steps=args.lr_warmup_steps)
     timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, judge=judge_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, judge_engine=judge.engine,
@@ -574,7 +551,7 @@ def main(argv=None):
         nonlocal position, carried
         samples, early, generation, carried = rollout_and_judge(
             d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, sampling=sampling,
-            train_pool=train_pool, skipped_in_row=skipped_in_row,
+            algo=algo, train_pool=train_pool, skipped_in_row=skipped_in_row,
             ahead=None if ahead is None else prompts(step, later=1), carried=carried)
         position += len(samples) // args.group_size  # every prompt drawn yields G samples
         return samples, early, generation
@@ -593,7 +570,7 @@ def main(argv=None):
         shifts = generation.pop("shifts")
         if early["update"] is None:  # else the train ranks made it while the step rolled out
             shifts += to_train(context, placement, early)
-        stats = train_step(context, trained, early, timeline, args, skipped_in_row)
+        stats = train_step(context, trained, early, timeline, args, algo, skipped_in_row)
         shifts += publish_and_reload(context, storage, placement, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
         record.update(step_metrics(trained, stats, time.perf_counter() - begin, args))
@@ -670,7 +647,8 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
 
 
 def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placement, step, timeline, args, *,
-                      sampling: SamplingOptions, train_pool: list[Sample] | None = None, skipped_in_row: int = 0,
+                      sampling: SamplingOptions, algo: algorithm.Algorithm, train_pool: list[Sample] | None = None,
+                      skipped_in_row: int = 0,
                       ahead: list[dict] | None = None, carried: StepQueues | None = None):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
     weights' versions that sampled its tokens, and what the step's rollout and judging took (shifts,
@@ -683,7 +661,8 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
-    queues = StepQueues(prompts, step=step, sampling=sampling, round_steps=args.round_steps, ranks=d.world_size,
+    queues = StepQueues(prompts, step=step, sampling=sampling, algo=algo, round_steps=args.round_steps,
+                        ranks=d.world_size,
                         early_train=early_train, train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried, trace=args.trace_rounds,
@@ -741,16 +720,21 @@ def to_train(context: RoleContext, placement: Placement, early: dict) -> list[di
     return context.apply(placement.train_roles(list(context.roles), early["alone"]))
 
 
+def update_samples(samples: list[Sample], algo: algorithm.Algorithm, group_size: int) -> list[Sample]:
+    """The samples the update trains (those --filter-groups left in), each with its advantage
+    (algorithm.group_advantages, which early training calls too)."""
+    samples = [s for s in samples if not s.dropped]
+    group_advantages(algo, [samples[i:i + group_size] for i in range(0, len(samples), group_size)])
+    return samples
+
+
 def train_step(context: RoleContext, samples: list[Sample], early: dict, timeline: Timeline, args,
-               skipped_in_row: int) -> dict:
+               algo: algorithm.Algorithm, skipped_in_row: int) -> dict:
     """The GRPO update on the ranks that hold the train role; every rank gets its statistics. The groups
     trained early (`early`, pivot) are in the gradients already: the rest complete the update. With
     `early["update"]` the train ranks made it already, during the rollout: its statistics are kept. Groups
     --filter-groups left out are not in it; with none left the update takes no optimizer step."""
-    samples = [s for s in samples if not s.dropped]
-    rewards = torch.tensor([s.reward for s in samples]).view(-1, args.group_size)
-    for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
-        s.advantage = a
+    samples = update_samples(samples, algo, args.group_size)
     if early["groups"]:
         minibatches = [[s for s in samples if s.prompt_index not in early["groups"]]]
     else:

@@ -41,7 +41,7 @@ from storage import ParameterStorage, TrainState, export_cuda, import_cuda  # no
 from tinymodel import make_model  # noqa: E402
 
 GiB = 1 << 30
-HYPER = dict(lr=1e-5, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0)
+HYPER = dict(lr=1e-5, weight_decay=0.0, grad_clip=1.0, temperature=1.0)
 NO_CUDA = ("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU machine "
            "with a CUDA build of torch")
 

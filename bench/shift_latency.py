@@ -45,7 +45,7 @@ from tinymodel import make_model  # noqa: E402
 
 # Through every ordered pair once: r->t, t->r, r->g, g->t, t->g, g->r.
 PATH = [Role.TRAIN, Role.ROLLOUT, Role.JUDGE, Role.TRAIN, Role.JUDGE, Role.ROLLOUT]
-HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=8)
+HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, temperature=1.0, micro_batch=8)
 
 
 def memcpy_rate(nbytes: int, repeats: int) -> float:

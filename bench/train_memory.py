@@ -40,7 +40,7 @@ CONFIGS = {
     "response-only, chunked": dict(method="response", activation_checkpointing=False),
     "response-only, chunked, activation checkpointing": dict(method="response", activation_checkpointing=True),
 }
-HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0)
+HYPER = dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0, temperature=1.0)
 
 
 def make_policy(out: Path) -> int:

@@ -14,7 +14,7 @@ three rules (`--on-parse-failure`): `fail` scores it 0.0; `retry` judges it once
 import re
 from dataclasses import dataclass, replace
 
-from rewards import Recipe
+from algorithm import Recipe
 from roles import Role
 from roles.engine import Completion, Engine, Request
 from roles.rollout import sample_seed

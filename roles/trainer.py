@@ -27,23 +27,9 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
 import faults
+from algorithm import Algorithm
 from roles import Role
 from storage import TrainState, shard_rows
-
-
-def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """rewards: [groups, G] -> advantages of the same shape (std is the unbiased sample std)."""
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if not scale_by_std:
-        return centred
-    return centred / (rewards.std(dim=1, keepdim=True) + eps)
-
-
-def informative(rewards: list[float]) -> bool:
-    """Whether a group's rewards differ. A group of equal rewards has zero advantages, so it adds nothing
-    to the gradient but its tokens to the loss's denominator; DAPO's dynamic sampling (Yu et al. 2025,
-    arXiv:2503.14476, section 3.2) leaves such groups out of the update (--filter-groups)."""
-    return max(rewards) != min(rewards)
 
 
 # The log-ratio's bound before exp, verl's (compute_policy_loss in verl/trainer/ppo/core_algos.py).
@@ -81,13 +67,6 @@ def grpo_loss_sum(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return (per_token * mask).sum()
 
 
-# How the token losses of a minibatch become its loss: verl's loss_agg_mode (agg_loss in
-# verl/trainer/ppo/core_algos.py). token-mean: the mean over all response tokens; seq-mean-token-mean:
-# each response's token mean, then the mean over responses (textbook GRPO); seq-mean-token-sum: each
-# response's token sum, then the mean over responses (Dr. GRPO's unnormalised length, arXiv:2503.20783).
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-
-
 def token_weights(mask: torch.Tensor, loss_agg: str) -> torch.Tensor:
     """The weight of each token's loss in the minibatch's sum ([batch, T]): the mask itself, or under
     seq-mean-token-mean the mask over its response's length. Each response's weights depend on that
@@ -107,9 +86,6 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     """The learning rate of optimizer step `step` (1, 2, ...): linear warm-up from lr / warmup_steps at
     the first step to lr at step warmup_steps and after (0: lr throughout)."""
     return lr * step / warmup_steps if step < warmup_steps else lr
-
-
-ROLLOUT_IS = ("off", "token", "sequence")
 
 
 def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, level: str,
@@ -247,16 +223,14 @@ class PolicyTrainer:
     of every parameter and moment that its place in `group` gives it, so any group size can take over."""
 
     def __init__(self, state: TrainState, group: dist.ProcessGroup, device: torch.device, *, lr: float,
-                 weight_decay: float, grad_clip: float, clip_eps: float, kl_coef: float,
-                 temperature: float, micro_batch: int, micro_batch_tokens: int = 0,
-                 activation_checkpointing: bool = False, clip_ratio_c: float = 3.0,
-                 adam_betas: tuple[float, float] = (0.9, 0.99), clip_eps_high: float | None = None,
-                 lr_warmup_steps: int = 0, loss_agg: str = "token-mean", rollout_is: str = "off",
-                 rollout_is_threshold: float = 2.0):
-        self.state, self.group, self.device = state, group, device
-        self.rollout_is, self.rollout_is_threshold = rollout_is, rollout_is_threshold
-        self.clip_eps, self.clip_ratio_c, self.kl_coef, self.temperature = clip_eps, clip_ratio_c, kl_coef, temperature
-        self.clip_eps_high, self.lr, self.lr_warmup_steps, self.loss_agg = clip_eps_high, lr, lr_warmup_steps, loss_agg
+                 weight_decay: float, grad_clip: float, temperature: float, micro_batch: int,
+                 algorithm: Algorithm = Algorithm(), micro_batch_tokens: int = 0,
+                 activation_checkpointing: bool = False, adam_betas: tuple[float, float] = (0.9, 0.99),
+                 lr_warmup_steps: int = 0):
+        """`algorithm`: the loss's terms (clips, KL, aggregation, rollout correction); the rest is how the
+        optimizer steps and how the work is cut into forward passes."""
+        self.state, self.group, self.device, self.algorithm = state, group, device, algorithm
+        self.temperature, self.lr, self.lr_warmup_steps = temperature, lr, lr_warmup_steps
         self.grad_clip, self.micro_batch, self.micro_batch_tokens = grad_clip, micro_batch, micro_batch_tokens
         self.activation_checkpointing = activation_checkpointing
         # Named after the group: meshes compare equal by ranks alone, so a group destroyed and made again
@@ -264,8 +238,8 @@ class PolicyTrainer:
         mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"train-{group.group_name}",))
         mp = MixedPrecisionPolicy(param_dtype=inference_dtype(device), reduce_dtype=torch.float32)
         self.model = self._sharded(mesh, mp, "master", activation_checkpointing)
-        self.reference = (self._sharded(mesh, mp, "reference", False).requires_grad_(False) if kl_coef > 0
-                          else None)
+        self.reference = (self._sharded(mesh, mp, "reference", False).requires_grad_(False)
+                          if algorithm.keeps_reference else None)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=adam_betas,
                                            weight_decay=weight_decay)
         self._load_optimizer()
@@ -445,13 +419,13 @@ class PolicyTrainer:
         gap (to the sampling logprobs) is the first minibatch's: later ones are scored by updated weights."""
         stats = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": 0, "skipped_updates": 0}
         self.model.train()
-        if self.rollout_is != "off" and len(minibatches) > 1:
+        if self.algorithm.rollout_is != "off" and len(minibatches) > 1:
             self._keep_pi_old(minibatches)
         for index, mb in enumerate(minibatches):
             carried = early if index == 0 and early else NO_EARLY
             assert carried["tokens"] == (self.accumulated if index == 0 else 0), "early gradients out of step"
             total_tokens = sum(len(s.response_ids) for s in mb) + carried["tokens"]
-            denominator = loss_denominator(total_tokens, len(mb) + carried["samples"], self.loss_agg)
+            denominator = loss_denominator(total_tokens, len(mb) + carried["samples"], self.algorithm.loss_agg)
             if carried["tokens"]:
                 for p in self.model.parameters():  # the early weighted sums, as a share of the mean
                     if p.grad is not None:
@@ -478,7 +452,7 @@ class PolicyTrainer:
             if index == 0:  # mean and max over the response tokens of |trainer logprob - sampling logprob|
                 stats["logprob_gap_mean"] = (sums["gap_sum"] + carried["gap_sum"]) / max(total_tokens, 1)
                 stats["logprob_gap_max"] = max(sums["gap_max"], carried["gap_max"])
-                if self.rollout_is != "off":  # the correction's weights over the same tokens
+                if self.algorithm.rollout_is != "off":  # the correction's weights over the same tokens
                     stats["rollout_is_mean"] = (sums["is_sum"] + carried["is_sum"]) / max(total_tokens, 1)
                     stats["rollout_is_max"] = max(sums["is_max"], carried["is_max"])
                     stats["rollout_is_truncated"] = ((sums["is_truncated"] + carried["is_truncated"])
@@ -522,19 +496,20 @@ class PolicyTrainer:
         old, weights = batch["old_logp"], None
         zero = torch.zeros((), device=self.device)
         is_sum = is_truncated = is_max = zero
-        if self.rollout_is != "off":
+        if self.algorithm.rollout_is != "off":
             old = batch["pi_old"] if "pi_old" in batch else logp.detach()
-            weights, truncated = rollout_is_weights(old, batch["old_logp"], mask, self.rollout_is,
-                                                    self.rollout_is_threshold)
+            weights, truncated = rollout_is_weights(old, batch["old_logp"], mask, self.algorithm.rollout_is,
+                                                    self.algorithm.rollout_is_threshold)
             is_sum, is_truncated, is_max = weights.sum(), truncated.sum(), weights.max()
-        loss = grpo_loss_sum(logp, old, advantages, token_weights(mask, self.loss_agg), self.clip_eps, ref,
-                             self.kl_coef, self.clip_ratio_c, self.clip_eps_high, weights)
+        algo = self.algorithm
+        loss = grpo_loss_sum(logp, old, advantages, token_weights(mask, algo.loss_agg), algo.clip_eps, ref,
+                             algo.kl_coef, algo.clip_ratio_c, algo.clip_eps_high, weights)
         with torch.no_grad():
             ratio = torch.exp(logp - old)
-            if self.clip_eps_high is None:
-                clipped = (((ratio - 1).abs() > self.clip_eps).float() * mask).sum()
+            if algo.clip_eps_high is None:
+                clipped = (((ratio - 1).abs() > algo.clip_eps).float() * mask).sum()
             else:
-                clipped = (((ratio > 1 + self.clip_eps_high) | (ratio < 1 - self.clip_eps)).float() * mask).sum()
+                clipped = (((ratio > 1 + algo.clip_eps_high) | (ratio < 1 - algo.clip_eps)).float() * mask).sum()
             gap = (logp - batch["old_logp"]).abs() * mask
         return (loss, torch.stack([clipped, gap.sum(), is_sum, is_truncated]).detach(),
                 torch.stack([gap.max(), is_max]).detach())

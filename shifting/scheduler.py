@@ -53,16 +53,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 import faults
+from algorithm import Algorithm, group_advantages, informative
 from planner import TrainSpeed
 from roles import ENGINE_ROLES, ROLES, Role
 from roles.engine import Completion, Request
 from roles.judge import Judge, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
-from roles.trainer import NO_EARLY, add_early, grpo_advantages, informative
+from roles.trainer import NO_EARLY, add_early
 from shifting import book
 from tasks import longtail
 
@@ -219,12 +219,14 @@ class StepQueues:
     the samples. The ranks that finish requests turn them into samples and verdicts (tokenizers run there,
     side by side)."""
 
-    def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, round_steps: int = 1,
+    def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, algo: Algorithm,
+                 round_steps: int = 1,
                  ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
                  train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
                  version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None,
                  trace: bool = False):
-        """`filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
+        """`algo`: the run's algorithm, which gives a group judged its advantages (early training).
+        `filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
         `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
@@ -232,6 +234,7 @@ class StepQueues:
         recent engine steps set a round's length (book.RecentSteps). `trace` (--trace-rounds): keep every
         round's reports and orders (`trace_round`)."""
         self.sampling, self.prompts, self.step, self.group_size = sampling, prompts, step, sampling.group_size
+        self.algo = algo
         requests = RolloutEngine.requests(
             prompts, group_size=sampling.group_size, step=step, seed=sampling.seed, temperature=sampling.temperature,
             max_tokens=sampling.max_response_tokens, lengths=longtail.lengths(
@@ -324,7 +327,7 @@ class StepQueues:
         (their requests behind this step's) join the queue (book.Book.extend)."""
         self.published = True
         self.ahead = StepQueues(self.ahead_prompts, step=self.step + 1, sampling=self.sampling,
-                                version=self.version + 1, ranks=self.ranks)
+                                algo=self.algo, version=self.version + 1, ranks=self.ranks)
         n = self.book.n
         self.book.extend(self.ahead.book)
         self.requests.update((i + n, request) for i, request in self.ahead.requests.items())
@@ -422,10 +425,7 @@ class StepQueues:
         del self.requests[i]
         if self.book.judge(i):
             group = [queues.samples[(verdict.key[0], g)] for g in range(self.group_size)]
-            # Its advantages, as the update computes them for every group (grpo_advantages per row).
-            advantages = grpo_advantages(torch.tensor([[s.reward for s in group]]))[0].tolist()
-            for s, a in zip(group, advantages):
-                s.advantage = a
+            group_advantages(self.algo, [group])  # as the update gives them (pivot_train.update_samples)
             if queues.filter_groups and not informative([s.reward for s in group]):
                 self._drop(group)
 

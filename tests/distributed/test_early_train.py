@@ -4,7 +4,7 @@ import json
 import pytest
 
 from conftest import POLICY, ROOT, torchrun
-from roles.trainer import LOSS_AGGS
+from algorithm import LOSS_AGGS
 
 
 def test_early_training_gives_the_update_of_the_whole_step(tmp_path):

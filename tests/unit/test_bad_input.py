@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+import algorithm
 import pivot_train
 from conftest import JUDGE, ROOT
 
@@ -160,4 +161,5 @@ def test_out_that_is_a_file(tmp_path):
 def test_every_numeric_flag_has_a_rule():
     numeric = {a.dest for a in pivot_train.build_parser()._actions if a.type in (int, float)}
     # --force-shifts takes any integer: it only seeds a random schedule
-    assert numeric - {"force_shifts"} == {flag for flag, _, _ in pivot_train.NUMBER_RULES}
+    rules = pivot_train.NUMBER_RULES + algorithm.number_rules()
+    assert numeric - {"force_shifts"} == {flag for flag, _, _ in rules}

@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from algorithm import Algorithm
 import planner
 from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
                            round_seconds, shares, update_due, update_roles)
@@ -113,7 +114,7 @@ def test_the_loop_and_the_simulator_keep_one_book():
     each role's queue, the exported work first."""
     sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
     queues = StepQueues([{"prompt": f"{p}+1=", "prompt_ids": [3, 4 + p]} for p in range(3)], step=0,
-                        sampling=sampling)
+                        sampling=sampling, algo=Algorithm())
     cal = C.load()
     step = Step(replace(C.gpu_workload(cal, 3), group_size=2), np.random.default_rng(0))
     assert isinstance(queues.book, Book) and isinstance(step, Book) and step.n == queues.book.n == 6
@@ -130,7 +131,7 @@ def test_the_loop_and_the_simulator_keep_one_book():
 
 def test_the_loop_and_the_simulator_choose_colocated_roles_by_the_book(asked):
     sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
-    queues = StepQueues([{"prompt": "1+1=", "prompt_ids": [3, 4]}], step=0, sampling=sampling)
+    queues = StepQueues([{"prompt": "1+1=", "prompt_ids": [3, 4]}], step=0, sampling=sampling, algo=Algorithm())
     assert colocated_roles(["rollout", "rollout"], queues, None)[0] == ["rollout", "rollout"]
     cal = C.load()
     model = C.GpuModel(cal, "dense-8b-32b")
@@ -144,7 +145,7 @@ def test_a_training_rank_counts_among_the_ranks_working_beside_an_engine_step():
     that worked in its round: on shared cores a rank training early slows the engines as one stepping does,
     and the simulator's contention counts its train slots so (Simulation._busy)."""
     sampling = SamplingOptions(group_size=2, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
-    queues = StepQueues([{"prompt": "1+1=", "prompt_ids": [3, 4]}], step=0, sampling=sampling)
+    queues = StepQueues([{"prompt": "1+1=", "prompt_ids": [3, 4]}], step=0, sampling=sampling, algo=Algorithm())
     queues.ingest([Report("judge", engine_steps=[(8, 0.02, 0)]), Report("train", train_s=0.5), Report("rollout")],
                   round_s=0.6)
     queues.ingest([Report("judge", engine_steps=[(8, 0.01, 0)]), Report("judge", engine_steps=[(4, 0.01, 0)])],

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from algorithm import Algorithm
 from roles.engine import Request
 from roles.judge import Verdict
 from roles.rollout import Sample, sample_seed
@@ -59,7 +60,7 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
 def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_any_order(seed):
     """Wanting 2 informative groups of REWARDS: prompts 0 to 4 (1 and 4 informative; 0, 2, 3 left out,
     each admitting the next prompt in stream order), never prompt 5, whatever order requests finish in."""
-    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, filter_groups=2)
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), filter_groups=2)
     assert [r.key for r in queues.queued("rollout")] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     seen = run_step(queues, REWARDS, random.Random(seed))
     # each replacement's G requests come together, in stream order, each with its own place's seed
@@ -74,20 +75,20 @@ def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_an
 
 def test_at_the_cap_the_step_keeps_the_informative_groups_it_has():
     """Three prompts at most, one of them informative: all three drawn, two left out, one to train."""
-    queues = StepQueues(PROMPTS[:3], step=0, sampling=SAMPLING, filter_groups=2)
+    queues = StepQueues(PROMPTS[:3], step=0, sampling=SAMPLING, algo=Algorithm(), filter_groups=2)
     run_step(queues, REWARDS, random.Random(0))
     assert dropped(queues) == [0, 2] and queues.update_book.ready() == [1] and queues.book.expected == 3 * G
     assert not queues.book.held
 
 
 def test_without_the_filter_every_prompt_is_queued_and_none_left_out():
-    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING)
+    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, algo=Algorithm())
     run_step(queues, REWARDS, random.Random(1))
     assert dropped(queues) == [] and queues.update_book.ready() == list(range(6))
 
 
 def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
-    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, filter_groups=2)
+    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, algo=Algorithm(), filter_groups=2)
     for i in list(queues.book.queue["rollout"]):
         request = take(queues, "rollout", i)
         sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop")

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from roles.trainer import (LOSS_AGGS, grpo_advantages, grpo_loss_sum, loss_denominator, micro_batches, pack,
+from algorithm import LOSS_AGGS, grpo_advantages
+from roles.trainer import (grpo_loss_sum, loss_denominator, micro_batches, pack,
                            rollout_is_weights, token_weights, warmup_lr)
 from roles.rollout import Sample
 

@@ -2,7 +2,7 @@
 reward (roles/judge.py's Verdict.apply). Pure: milliseconds."""
 import pytest
 
-from rewards import Recipe, exact_score, final_answer, overlong_score, parse_reward
+from algorithm import Recipe, exact_score, final_answer, overlong_score, parse_reward
 from roles.judge import Verdict
 from roles.rollout import Sample
 

@@ -2,6 +2,7 @@
 train ranks have made the update, it is published at the next round's start, the next step's prompts
 join the queue behind this step's, what of them finishes is kept apart from this step's samples, and as
 the step ends the rest (queued, and exported from the engines) is carried into the next step's queues."""
+from algorithm import Algorithm
 from roles.engine import Request
 from roles.judge import Verdict
 from roles.rollout import Sample
@@ -35,7 +36,7 @@ def finish(queues: StepQueues, request: Request, reward: float = 1.0) -> None:
 
 
 def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_over():
-    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, early_train=True, train_pool=POOL, version=1, ahead=AHEAD)
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1, ahead=AHEAD)
     assert not queues.publish_due()  # nothing made yet
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)
     assert queues.update_due() and not queues.publish_due()
@@ -64,14 +65,14 @@ def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_ove
     assert carried is queues.ahead and carried.migrated == 1
     assert [(r.key, r.generated) for r in carried.queued("rollout")] == [((0, 1), [9, 9]), ((1, 0), []), ((1, 1), [])]
     # the next step takes it up: the same queues, samples and verdicts, and its own train pool
-    nxt = StepQueues(AHEAD, step=4, sampling=SAMPLING, early_train=True, train_pool=POOL, version=2, carried=carried)
+    nxt = StepQueues(AHEAD, step=4, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=2, carried=carried)
     assert nxt.book is carried.book and nxt.samples == {(0, 0): carried.samples[(0, 0)]}
     assert nxt.book.judged == 1 and nxt.book.phase[0] == 4 and nxt.judge_runs == 1 and not nxt.done()
 
 
 def test_without_a_step_to_run_ahead_into_the_update_waits_for_the_step_end():
     """A step whose update ends in a checkpoint (no `ahead`) publishes nothing during the rollout."""
-    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, early_train=True, train_pool=POOL, version=1)
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1)
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)
     queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
     assert queues.update is not None and not queues.publish_due()

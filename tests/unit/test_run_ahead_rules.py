@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from algorithm import Algorithm
 import pivot_train
 import planner
 from roles.rollout import Sample
@@ -34,7 +35,7 @@ def asked(book_calls):
 def loop_queues(trained: bool, made: bool, published: bool, ahead: bool) -> StepQueues:
     """Rank 0's queues of a step whose train ranks work through an earlier step's groups, in the given
     state: both groups trained (`trained`) or one; the update made; published; a next step to begin."""
-    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, early_train=True, train_pool=POOL, version=1,
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1,
                         ahead=AHEAD if ahead else None)
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1] if trained else [0]}, train_s=0.1)], 0.0)
     if made:
@@ -52,7 +53,7 @@ def test_the_loop_makes_and_publishes_the_update_by_the_book(asked):
         due = queues.publish_due()
         assert asked[-1] == ("shifting.scheduler", "publish_due", (made, published, ahead), due)
     # K = 0, or the pipeline's fill: the update trains no earlier step's groups, and waits for the step's end
-    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, early_train=True)
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True)
     assert not queues.update_due() and asked[-1][2][0] is False
 
 
@@ -103,7 +104,7 @@ def keep(roles, queues, rng):
 def test_the_loop_publishes_at_the_round_after_the_update_is_made(asked, ahead):
     """Rank 0's decisions (scheduler._decide), round by round: the train rank is handed the pool, reports
     it trained, is told to make the update, reports it made; the round after, every rank publishes."""
-    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, early_train=True, train_pool=POOL, version=1,
+    queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1,
                         ahead=AHEAD if ahead else None)
     roles = ["rollout", "judge", "train"]
     reports = [[], [Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)],

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from algorithm import Algorithm
 from planner import TrainSpeed
 from roles.rollout import Sample
 from shifting.placement import Placement, PlacementOptions
@@ -29,7 +30,7 @@ def test_each_measurement_moves_the_estimate_halfway():
 
 def test_one_estimate_from_early_training_to_the_planner_and_through_a_checkpoint():
     placement = Placement(PLACEMENT, world_size=2)
-    queues = StepQueues(PROMPTS, step=1, sampling=SAMPLING, early_train=True, train_pool=POOL,
+    queues = StepQueues(PROMPTS, step=1, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL,
                         train_speed=placement.train_speed)
     # two groups of two samples of 2 tokens each, in 0.1 s on one train rank: 80 tokens per second
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)

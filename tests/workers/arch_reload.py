@@ -21,7 +21,7 @@ from tasks.dataset import encode_prompt
 
 out, model_dirs = sys.argv[1], sys.argv[2:]
 d = init_distributed()
-hyper = dict(lr=1e-2, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0)
+hyper = dict(lr=1e-2, weight_decay=0.0, grad_clip=1.0, temperature=1.0)
 prompts = ["12+34=", "999+1=", "5+5=", "70+8="]
 results, engines = {}, []
 for model_dir in model_dirs:

@@ -143,7 +143,7 @@ d = init_distributed()
 # As on GPU: control messages on a gloo group of their own, tensors on the world's group.
 d.control = dist.new_group(backend="gloo")
 result = {"self_check": self_check(d)}
-hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=2)
+hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, temperature=1.0, micro_batch=2)
 state = TrainState(d, policy_dir, keep_reference=False)
 policy = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
 prompts = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14]]

@@ -9,16 +9,17 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from algorithm import LOSS_AGGS, Algorithm, group_advantages
 from batches import well_conditioned
 from roles.rollout import Sample
-from roles.trainer import LOSS_AGGS, NO_EARLY, PolicyTrainer, add_early, grpo_advantages
+from roles.trainer import NO_EARLY, PolicyTrainer, add_early
 from runtime import init_distributed, shutdown_distributed
 from storage import TrainState
 
 policy_dir, out = sys.argv[1:3]
 d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy_dir)
-hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0,
+hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, temperature=1.0,
              micro_batch=3)
 prompts = [tok(p).input_ids for p in ("12+34=", "999+1=", "5+5=", "70+8=", "4071+389=")]
 G = 4
@@ -33,9 +34,7 @@ def step_samples() -> list[Sample]:
             response = torch.randint(2, 38, (2 + (3 * i + g) % 9,), generator=gen).tolist()
             logprobs = (-3.0 - torch.rand(len(response), generator=gen)).tolist()
             samples.append(Sample(i, g, ids, response, logprobs, "stop", reward=float((i + g) % 3 == 0)))
-    rewards = torch.tensor([s.reward for s in samples]).view(-1, G)
-    for s, a in zip(samples, grpo_advantages(rewards).flatten().tolist()):
-        s.advantage = a
+    group_advantages(Algorithm(), [samples[i:i + G] for i in range(0, len(samples), G)])
     return samples
 
 
@@ -102,6 +101,6 @@ def compare(hyper: dict) -> dict:
             "stats": [stats, kept_stats, whole_stats]}
 
 
-results = {agg: compare({**hyper, "loss_agg": agg}) for agg in LOSS_AGGS}
+results = {agg: compare({**hyper, "algorithm": Algorithm(loss_agg=agg)}) for agg in LOSS_AGGS}
 json.dump(results, open(f"{out}/rank{d.rank}.json", "w"))
 shutdown_distributed(d)

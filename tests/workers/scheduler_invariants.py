@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from algorithm import Algorithm, grpo_advantages
 from roles.judge import Judge
 from roles.rollout import RolloutEngine
-from roles.trainer import PolicyTrainer, grpo_advantages
+from roles.trainer import PolicyTrainer
 from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
 from shifting.scheduler import SamplingOptions, StepQueues, colocated_roles, forced_roles, generate
@@ -26,7 +27,7 @@ tok = AutoTokenizer.from_pretrained(policy)
 rollout = RolloutEngine(policy, tok, seed=0, max_model_len=256, kv_cache_bytes=16 << 20)
 judge = Judge(judge_dir, AutoTokenizer.from_pretrained(judge_dir), template, seed=0, max_model_len=256,
               kv_cache_bytes=16 << 20, max_tokens=96, on_parse_failure="fail", encode_prompt=encode_prompt)
-hyper = dict(lr=1e-3, weight_decay=0.0, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=4)
+hyper = dict(lr=1e-3, weight_decay=0.0, grad_clip=1.0, temperature=1.0, micro_batch=4)
 state = TrainState(d, policy, keep_reference=False)
 policy_storage = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
 state.publish_weights(policy_storage, version=0)
@@ -41,7 +42,7 @@ sampling = SamplingOptions(group_size=3, seed=0, temperature=1.0, max_response_t
 
 
 def run(next_roles, capacity, seed):
-    queues = StepQueues(step_prompts, step=0, sampling=sampling) if d.rank == 0 else None
+    queues = StepQueues(step_prompts, step=0, sampling=sampling, algo=Algorithm()) if d.rank == 0 else None
     samples, _, shifts, _ = generate(d, context, queues, next_roles, prompts=step_prompts, rollout=rollout, judge=judge,
                                   capacity=capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]

@@ -17,7 +17,7 @@ from storage import ParameterStorage, TrainState, checkpoint_storage
 policy_dir, judge_dir, out = sys.argv[1:4]
 d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy_dir)
-hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0,
+hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, temperature=1.0,
              micro_batch=2)
 state = TrainState(d, policy_dir, keep_reference=False)
 policy = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))

@@ -19,7 +19,7 @@ PATH = [["train", "train", "judge"], ["judge", "train", "train"], ["train", "tra
 
 policy_dir, out = sys.argv[1:3]
 d = init_distributed()
-hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0, micro_batch=2)
+hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, temperature=1.0, micro_batch=2)
 state = TrainState(d, policy_dir, keep_reference=False)
 policy = ParameterStorage(d, "policy", state.weight_shapes(torch.float32))
 ctx = RoleContext(d, PATH[0], policy=policy, judge=None, train_state=state, rollout_engine=None, judge_engine=None,

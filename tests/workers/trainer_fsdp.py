@@ -21,7 +21,7 @@ from roles.trainer import PolicyTrainer, decoder_layers, micro_batches, pack
 from runtime import init_distributed, shutdown_distributed
 from storage import TrainState
 
-HYPER = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0)
+HYPER = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0)
 
 
 def synthetic_samples(vocab: int, count: int, seed: int) -> list[Sample]:

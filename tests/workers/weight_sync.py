@@ -7,16 +7,17 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from algorithm import Algorithm, grpo_advantages
 from roles.engine import Request
 from roles.rollout import RolloutEngine
-from roles.trainer import PolicyTrainer, grpo_advantages, grpo_loss_sum, pack
+from roles.trainer import PolicyTrainer, grpo_loss_sum, pack
 from runtime import init_distributed, shutdown_distributed
 from storage import ParameterStorage, TrainState
 
 policy, out = sys.argv[1], sys.argv[2]
 d = init_distributed()
 tok = AutoTokenizer.from_pretrained(policy)
-hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, clip_eps=0.2, kl_coef=0.0, temperature=1.0)
+hyper = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, temperature=1.0)
 trainer = PolicyTrainer(TrainState(d, policy, keep_reference=False), d.tensors, d.device, micro_batch=2, **hyper)
 storage = ParameterStorage(d, "policy", trainer.weight_shapes())
 engine = RolloutEngine(policy, tok, seed=0, max_model_len=128, kv_cache_bytes=32 << 20)
@@ -40,7 +41,7 @@ logits = plain(input_ids=packed["input_ids"], attention_mask=packed["attention_m
 logp = torch.log_softmax(logits, dim=-1).gather(-1, packed["input_ids"][:, 1:, None]).squeeze(-1)
 logprob_gap = ((logp - packed["old_logp"]).abs() * packed["mask"]).max().item()
 advantages = torch.tensor([s.advantage for s in samples])
-loss = grpo_loss_sum(logp, packed["old_logp"], advantages, packed["mask"], hyper["clip_eps"])
+loss = grpo_loss_sum(logp, packed["old_logp"], advantages, packed["mask"], Algorithm().clip_eps)
 (loss / packed["mask"].sum()).backward()
 torch.nn.utils.clip_grad_norm_(plain.parameters(), hyper["grad_clip"])
 optimizer.step()
