@@ -161,6 +161,10 @@ class Algorithm:
                                 "the penalty falls from 0 to -1 (DAPO uses a fifth of the budget)",
                                 holds=lambda v: v >= 0, rule="0 or more (tokens before --max-response-tokens "
                                                              "where the overlong penalty falls to -1)")
+    # advantages
+    norm_adv_by_std: bool = flag(True, "divide each group's centred rewards by the group's std (GRPO); "
+                                 "--no-norm-adv-by-std leaves them centred only (Dr. GRPO, arXiv:2503.20783; verl's "
+                                 "norm_adv_by_std_in_grpo, TRL's scale_rewards='none')")
     # loss
     clip_eps: float = flag(0.2, "the ratio's clip: [1 - eps, 1 + eps]", holds=lambda v: 0 < v < 1,
                            rule="in (0, 1): PPO keeps the ratio within [1 - eps, 1 + eps], e.g. 0.2")
@@ -187,7 +191,7 @@ class Algorithm:
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """[groups, G] rewards -> advantages of the same shape, a row per group."""
-        return grpo_advantages(rewards)
+        return grpo_advantages(rewards, scale_by_std=self.norm_adv_by_std)
 
     @property
     def keeps_reference(self) -> bool:

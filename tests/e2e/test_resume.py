@@ -15,6 +15,8 @@ import pytest
 
 from conftest import ROOT, SMALL_STEPS, restarted, same_run, small_run
 
+DATA = ROOT / "tests/data"
+
 _pick = random.Random(int(os.environ.get("PIVOT_KILL_SEED", "0")))
 # (placement, rank, point, how many times that rank surely passes the point in the run); the planner
 # moves pivot ranks as it measures, so a pivot rank surely rolls out only in the first few engine steps.
@@ -27,8 +29,15 @@ KILL_PARAMS = [pytest.param(placement, spec, id=f"{placement}-{spec}")
 
 
 def test_stop_and_run_again(uninterrupted, tmp_path):
+    """Stopped, then started again by code that has flags the first launch's did not: its config.json
+    keeps only the flags of main at 7e17efd (tests/data/config_7e17efd.json, written by that code's
+    default run), and the run goes on at the new flags' defaults."""
     cut = tmp_path / "cut"
     small_run(cut, "colocated", steps=1)
+    older = json.loads((DATA / "config_7e17efd.json").read_text())
+    config = json.loads((cut / "config.json").read_text())
+    assert set(config) > set(older)
+    (cut / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k in older}))
     small_run(cut, "colocated")
     assert (cut / "checkpoints/LATEST").read_text() == f"step-{SMALL_STEPS:06d}"
     same_run(uninterrupted("colocated")[0], cut)

@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 import pytest
+import torch
 
 import algorithm
 import checkpoint
@@ -95,3 +96,11 @@ def test_a_flag_the_older_run_lacked_counts_as_its_default():
         "--clip-eps-high None -> 0.28"]
     assert checkpoint.differing_flags({**defaults, "kl_coef": 0.1}, pivot_train.parse_args([]), defaults) == [
         "--kl-coef 0.1 -> 0.0"]
+
+
+def test_without_the_std_division_advantages_are_the_centred_rewards():
+    algo = algorithm.from_args(pivot_train.parse_args(["--no-norm-adv-by-std"]))
+    assert algo == Algorithm(norm_adv_by_std=False)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    assert algo.advantages(rewards).tolist() == [[0.75, -0.25, -0.25, -0.25], [0.0] * 4]
+    assert Algorithm().advantages(rewards)[0].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)
