@@ -11,7 +11,8 @@ Reward sources (`--reward judge=1,exact=1,overlong=1`, each with a coefficient, 
 
 - judge: the judge's verdict or rubric score (roles/judge.py), in [0, 1]; the default, alone;
 - the rule sources of `RULES`: exact (1 if the answer after the last --answer-marker equals the record's
-  reference, else 0) and overlong (DAPO's soft overlong punishment, Yu et al. 2025, arXiv:2503.14476, eq. 13: 0 up to
+  reference, else 0), format (1 if the response ends with an answer after --answer-marker, else 0) and
+  overlong (DAPO's soft overlong punishment, Yu et al. 2025, arXiv:2503.14476, eq. 13: 0 up to
   --max-response-tokens minus --overlong-buffer tokens, then down linearly to -1 at --max-response-tokens).
 
 Every source's score stays on the sample (`Sample.scores`); the one place a verdict becomes a reward
@@ -52,6 +53,13 @@ def exact_score(response: str, reference: str, marker: str) -> float:
     return 1.0 if matches_reference(response, reference, marker) else 0.0
 
 
+def format_score(response: str, marker: str) -> float:
+    """1 if the response ends with its answer: text after its last `marker`, on the marker's line, with
+    nothing after that line (DeepSeek-R1's format reward asks the same of its tags, arXiv:2501.12948)."""
+    answer = final_answer(response, marker)
+    return 1.0 if answer and "\n" not in answer else 0.0
+
+
 def overlong_score(length: int, max_tokens: int, buffer: int) -> float:
     """DAPO's soft overlong punishment of a response of `length` tokens."""
     free = max_tokens - buffer
@@ -75,6 +83,8 @@ RULES = {
     "exact": Rule("1 if the answer after --answer-marker equals the reference, else 0",
                   lambda response, tokens, reference, recipe: exact_score(response, reference, recipe.answer_marker),
                   needs_reference=True),
+    "format": Rule("1 if the response ends with an answer after --answer-marker, else 0",
+                   lambda response, tokens, reference, recipe: format_score(response, recipe.answer_marker)),
     "overlong": Rule("DAPO's penalty, 0 down to -1 over the last --overlong-buffer tokens",
                      lambda response, tokens, reference, recipe: overlong_score(
                          tokens, recipe.max_response_tokens, recipe.overlong_buffer)),

@@ -77,7 +77,7 @@ def test_a_reward_source_that_needs_a_reference_refuses_data_without_one(tmp_pat
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--reward", "judge=1,critic=2"], "'critic' is not a reward source; use judge, exact, overlong"),
+    (["--reward", "judge=1,critic=2"], "'critic' is not a reward source; use judge, exact, format, overlong"),
     (["--reward", "overlong=1"], "has overlong, which needs --overlong-buffer N from 1 to --max-response-tokens"),
     (["--reward", "overlong=1", "--overlong-buffer", 65], r"--max-response-tokens \(64\); got 65"),
 ])

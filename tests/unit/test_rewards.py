@@ -1,8 +1,8 @@
-"""The reward's sources (rewards.py) against hand computations, and the one place they become a sample's
+"""The reward's sources (algorithm.py) against hand computations, and the one place they become a sample's
 reward (roles/judge.py's Verdict.apply). Pure: milliseconds."""
 import pytest
 
-from algorithm import Recipe, exact_score, final_answer, overlong_score, parse_reward
+from algorithm import Recipe, exact_score, final_answer, format_score, overlong_score, parse_reward
 from roles.judge import Verdict
 from roles.rollout import Sample
 
@@ -21,6 +21,17 @@ def test_exact_answer_after_the_last_marker():
     assert exact_score("so > 42", " 42 ", ">") == 1.0
     assert exact_score("so > 41", "42", ">") == 0.0
     assert exact_score("42", "42", ">") == 0.0  # no marker, no answer
+
+
+def test_format_asks_for_an_answer_that_ends_the_response():
+    assert format_score("3+4=7>7", ">") == 1.0
+    assert format_score("3+4=7> 7 ", ">") == 1.0
+    assert format_score("3+4=7", ">") == 0.0  # no marker
+    assert format_score("3+4=7>", ">") == 0.0  # a marker with no answer
+    assert format_score("3+4=7>7\nand more", ">") == 0.0  # text after the answer's line
+    sample = Sample(0, 0, [1], [5], [0.0], "stop", response="1+1>3", reference="2")
+    verdict(0.0, Recipe((("judge", 1.0), ("format", 0.5)), ">", 8, 0)).apply(sample)
+    assert sample.scores == {"judge": 0.0, "format": 1.0} and sample.reward == 0.5
 
 
 def test_overlong_penalty_by_hand():
