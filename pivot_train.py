@@ -19,7 +19,8 @@ starts from, and each token's loss weighted by min(pi_old / pi_rollout, --rollou
 
 Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300):
   - the reward is the judge's alone by default; --reward adds rule sources with coefficients (an exact
-    match with the reference, DAPO's overlong penalty over --overlong-buffer tokens; rewards.py);
+    match with the reference, a well-formed answer, DAPO's overlong penalty over --overlong-buffer tokens;
+    algorithm.py, where every change of the algorithm goes: docs/algorithm.md);
   - token-level normalisation: the loss is summed over every response token of a minibatch and divided
     by their count, not averaged per response and then over responses (long responses weigh more);
     --loss-agg seq-mean-token-mean is the textbook mean of response means, seq-mean-token-sum the mean
@@ -34,7 +35,8 @@ Where the update departs from textbook GRPO (Shao et al. 2024, arXiv:2402.03300)
   - no KL term by default (--kl-coef 0); with one, the k3 estimator to the initial policy per token;
   - the log-ratio is clamped to [-20, 20] before exp (as verl does);
   - dual clip: with a negative advantage A a token's loss is at most -C*A (--clip-ratio-c 3; 0: off);
-  - advantages (r - mean) / (std + 1e-6) per group, unbiased std; a group of equal rewards adds nothing;
+  - advantages (r - mean) / (std + 1e-6) per group, unbiased std (--no-norm-adv-by-std: r - mean, Dr. GRPO's);
+    a group of equal rewards adds nothing;
   - AdamW (--adam-betas 0.9,0.99), gradient norm clipped to --grad-clip; an optimizer step whose
     gradient norm is not finite is skipped (counted as `skipped_updates`), and --max-bad-steps of them
     in a row stop the run;

@@ -66,7 +66,7 @@ class Judge:
         """`encode_prompt`: (tokenizer, text) -> the prompt's ids (tasks/dataset.py's: in the chat template
         when the tokenizer has one); `lengths` (a throughput workload's, tasks/longtail.py): (step, sample
         key) -> the length a critique runs to in place of `max_tokens`, end-of-sequence ignored; `recipe`:
-        the reward's sources (rewards.py); `engine_options`: `Engine`'s sleep mode, weights from storage and
+        the reward's sources (algorithm.py); `engine_options`: `Engine`'s sleep mode, weights from storage and
         device memory margin."""
         self.tokenizer, self.template, self.seed, self.recipe = tokenizer, template, seed, recipe
         self.encode_prompt, self.lengths = encode_prompt, lengths

@@ -19,7 +19,7 @@ class Sample:
     reference: str | None = None
     prompt: str = ""
     rubric: str | None = None  # the rubric judge's criteria for this prompt
-    reward: float = 0.0  # what the update uses: the sources' scores, weighed by --reward (rewards.py)
+    reward: float = 0.0  # what the update uses: the sources' scores, weighed by --reward (algorithm.py)
     scores: dict[str, float] = field(default_factory=dict)  # each reward source's score
     critique: str = ""
     parse_failed: bool = False
