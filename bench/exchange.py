@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import planner  # noqa: E402
+import result_files  # noqa: E402
 from roles import ROLES, Role  # noqa: E402
 
 # A rollout rank's report in the middle of a step: 64 sequences in flight, 25 engine steps, a few finished
@@ -137,9 +138,9 @@ def main():
     print(f"rank 0's own work per rank: {handling * 1e3:.3f} ms; planner.plan over {args.plan_ranks} ranks: "
           f"{plan * 1e3:.2f} ms")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "fixed_s": fixed, "per_rank_s": per_rank,
+        result_files.write(args.json, {"rows": rows, "fixed_s": fixed, "per_rank_s": per_rank,
                                                "handling_per_rank_s": handling, "cpus": os.cpu_count(),
-                                               "plan_ranks": args.plan_ranks, "plan_s": plan}, indent=1))
+                                               "plan_ranks": args.plan_ranks, "plan_s": plan})
 
 
 if __name__ == "__main__":

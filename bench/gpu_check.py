@@ -19,7 +19,6 @@ or fails and reports its figures:
 Without CUDA it stops at once with a message saying so. Nothing it imports imports vLLM.
 """
 import argparse
-import json
 import math
 import shutil
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import result_files  # noqa: E402
 from roles import Role  # noqa: E402
 from roles.trainer import PolicyTrainer  # noqa: E402
 from runtime import Dist, init_distributed, shutdown_distributed  # noqa: E402
@@ -231,17 +231,17 @@ def main():
                      f"container: docker --shm-size) more shared memory")
         make_model(tmp, hidden=args.hidden, layers=args.layers, intermediate=args.intermediate, vocab=args.vocab)
         d = init_distributed()
-        results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        figures = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "nccl": ".".join(map(str, torch.cuda.nccl.version())), "params": params,
                    "checks": run(d, tmp, args)}
         shutdown_distributed(d)
-    print(f"{results['device']}, torch {results['torch']}, NCCL {results['nccl']}, "
+    print(f"{figures['device']}, torch {figures['torch']}, NCCL {figures['nccl']}, "
           f"policy of {params / 1e6:.0f}M parameters")
-    for name, check in results["checks"].items():
+    for name, check in figures["checks"].items():
         print(summary(name, check))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    if not all(c["ok"] for c in results["checks"].values()):
+        result_files.write(args.json, figures)
+    if not all(c["ok"] for c in figures["checks"].values()):
         sys.exit(1)
 
 

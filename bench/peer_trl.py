@@ -89,6 +89,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import result_files  # noqa: E402
+
 TRL_VERSION = "1.16.0"
 INSTALL = ("python3 -m venv .venv-peer && .venv-peer/bin/pip install -r requirements.txt trl==" + TRL_VERSION +
            " && .venv-peer/bin/pip uninstall -y torchvision torchaudio torchcodec")
@@ -194,7 +197,7 @@ def main():
     figures = summary(runs, args)
     report(figures)
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        result_files.write(args.json, figures)
 
 
 def summary(runs: dict, args) -> dict:
@@ -239,7 +242,6 @@ def trl_side(args) -> None:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(ROOT))
     import pivot_train
     from roles import Role
     from roles.judge import fill_template, parse_verdict

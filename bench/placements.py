@@ -49,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from planner import parse_split  # noqa: E402
+import result_files  # noqa: E402
 from roles import Role  # noqa: E402
 from runtime import busy_fraction, cpu_ticks  # noqa: E402
 from sim.calibration import shared_cores  # noqa: E402
@@ -280,7 +281,7 @@ def main():
                "bound_over_colocated": 1 / table[baseline]["steps_cpu_busy"], **model, "rounds": rounds}
     report(figures, table, model, cpus, args)
     if args.json:
-        Path(args.json).write_text(to_json(figures))
+        result_files.write(args.json, figures, to_json(figures))
 
 
 def to_json(figures: dict) -> str:

@@ -22,7 +22,6 @@ import os
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import result_files  # noqa: E402
 from roles import Role  # noqa: E402
 from roles.engine import Engine  # noqa: E402
 from roles.trainer import PolicyTrainer  # noqa: E402
@@ -112,8 +112,8 @@ def pack_rate(storage: ParameterStorage) -> float | None:
 
 
 
-def print_table(results: dict) -> None:
-    for name, r in results.items():
+def print_table(figures: dict) -> None:
+    for name, r in figures.items():
         print(f"\n{name}: {r['params'] / 1e6:.1f}M parameters, {r['weight_bytes'] / 2**20:.0f} MiB of weights, "
               f"memcpy {r['memcpy_GBps']:.2f} GB/s ({r['threads']} thread(s))")
         print(f"  storage -> train onload {r['onload_GBps']:.2f} GB/s = {r['onload_ratio']:.2f} x memcpy "
@@ -137,20 +137,20 @@ def main():
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     d = init_distributed()
-    results, contexts = {}, []
+    figures, contexts = {}, []
     if (Path(args.policy) / "config.json").is_file() and (Path(args.judge_model) / "config.json").is_file():
-        results["built-in"], ctx = measure(d, "builtin", args.policy, args.judge_model, args.repeats, args.kv_cache_mb << 20)
+        figures["built-in"], ctx = measure(d, "builtin", args.policy, args.judge_model, args.repeats, args.kv_cache_mb << 20)
         contexts.append(ctx)
     else:
         print(f"skipping the built-in models: no config.json in {args.policy} or {args.judge_model}")
     with tempfile.TemporaryDirectory() as tmp:
         # ~100M parameters; the judge is a second engine on the same weights.
         make_model(tmp, hidden=768, layers=8, intermediate=3072, vocab=32000)
-        results["qwen2-100m"], ctx = measure(d, "m100", tmp, tmp, args.repeats, args.kv_cache_mb << 20)
+        figures["qwen2-100m"], ctx = measure(d, "m100", tmp, tmp, args.repeats, args.kv_cache_mb << 20)
         contexts.append(ctx)
-    print_table(results)
+    print_table(figures)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        result_files.write(args.json, figures)
 
 
 if __name__ == "__main__":

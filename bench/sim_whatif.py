@@ -15,12 +15,12 @@ follow: they ask what each of its rules is worth. `--preset paper` asks the same
 """
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import result_files  # noqa: E402
 from sim.__main__ import PAPER, simulate  # noqa: E402
 from sim.calibration import load, preset  # noqa: E402
 
@@ -135,8 +135,8 @@ def main():
                 "pivot_busy_fraction": pivot["busy_fraction"], "pivot_waiting_fraction": waits,
                 "shifts": pivot["shifts"]}
     if args.json:
-        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "preset": args.preset, "max_staleness": k,
-                                               "cases": report}, indent=2))
+        result_files.write(args.json, {"gpus": args.gpus, "preset": args.preset, "max_staleness": k,
+                                               "cases": report})
 
 
 if __name__ == "__main__":

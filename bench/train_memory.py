@@ -34,6 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import result_files  # noqa: E402
+
 MIB = 1 << 20
 CONFIGS = {
     "baseline: full-vocabulary log-softmax": dict(method="full", activation_checkpointing=False),
@@ -191,10 +193,9 @@ def report(rows: list[dict], params: int, args) -> None:
           f"({'at least' if best >= 3 else 'less than'} 3x); the dry run is {'' if within else 'not '}within "
           f"[1, 1.25] of each measured peak")
     if args.json:
-        Path(args.json).write_text(json.dumps({"params": params, "prompt": args.prompt, "response": args.response,
+        result_files.write(args.json, {"params": params, "prompt": args.prompt, "response": args.response,
                                                "micro_batch": args.micro_batch, "rows": rows,
-                                               "at_least_3x_less": best >= 3, "dry_run_within_25_percent": within},
-                                              indent=2))
+                                               "at_least_3x_less": best >= 3, "dry_run_within_25_percent": within})
 
 
 if __name__ == "__main__":

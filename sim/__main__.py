@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import planner
+import result_files
 from report import draw_timeline
 from sim.calibration import (CalibrationError, CpuModel, FittedGpuModel, GpuModel, cpu_workload, gpu_workload,
                              load, preset, value)
@@ -275,7 +276,7 @@ def main(argv=None):
         report["sweep"] = sweep(cal, groups, args)
         draw(report["sweep"], args.sweep, args.max_staleness)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        result_files.write(args.json, report)
 
 
 if __name__ == "__main__":
