@@ -475,6 +475,7 @@ def main(argv=None):
         if changed:
             sys.exit(f"--out {out} holds a run with other settings, so it cannot resume: " + "; ".join(changed))
     d = init_distributed()
+    timeline = Timeline(d, out)
     checkpoint.every_node_sees(d, out, resume)
     start = resume["steps_done"] if resume else 0
     if d.rank == 0:
@@ -518,7 +519,6 @@ def main(argv=None):
                  temperature=args.temperature, micro_batch=args.micro_batch,
                  micro_batch_tokens=args.micro_batch_tokens, activation_checkpointing=args.activation_checkpointing,
                  adam_betas=adam_betas(args.adam_betas), lr_warmup_steps=args.lr_warmup_steps)
-    timeline = Timeline(d, out)
     context = RoleContext(d, placement.start_roles(), policy=storage, judge=judge_storage,
                           train_state=train_state, rollout_engine=rollout_engine.engine, judge_engine=judge.engine,
                           make_trainer=lambda group: PolicyTrainer(train_state, group, d.device, **hyper),
@@ -528,6 +528,7 @@ def main(argv=None):
     timeline.begin_step(start)
     # The engines load the stored version (a resumed run's weights); the first record says so.
     startup = {"startup_shifts": context.apply(placement.start_roles())}
+    timeline.started()
     skipped_in_row = 0
     clock = (time.perf_counter(), start)  # when and at which step this launch began
     # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
@@ -562,7 +563,8 @@ def main(argv=None):
         timeline.begin_step(step)
         record, startup = {"step": step, **startup}, {}
         if step % args.eval_every == 0 or step == args.steps:
-            record.update(evaluate(d, context, rollout_engine, judge, eval_set, args, step))
+            with timeline.busy("eval"):
+                record.update(evaluate(d, context, rollout_engine, judge, eval_set, args, step))
         if step == args.steps:  # the last record is the evaluation of the final weights
             log_step(d, out, record, board, args.steps, clock)
             break
@@ -588,12 +590,14 @@ def main(argv=None):
         log_samples(d, out, step, trained, args)
         skipped_in_row = check_skipped_updates(step, stats, args)
         if checkpoint_due(step, args):
-            checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(), list(pending),
-                            data_position=position)
+            with timeline.busy("checkpoint"):
+                checkpoint.save(d, out, step + 1, train_state, context, args.policy, placement.state(),
+                                list(pending), data_position=position)
 
     # The trained policy as a Hugging Face directory, from the state the last update left in storage.
-    train_state.save(context.trainer)
-    export.write_model(d, train_state, args.policy, out / "model")
+    with timeline.busy("export"):
+        train_state.save(context.trainer)
+        export.write_model(d, train_state, args.policy, out / "model")
     timeline.draw()
     if d.rank == 0:
         board.close()

@@ -5,7 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from roles import Role
+from roles import PHASES, WAIT, Role
 
 # curves.png: (panel title, y label, [(metric, legend, line style)], whether the values are fractions)
 PANELS = [
@@ -150,24 +150,43 @@ def finish(out: Path) -> None:
         print(line, flush=True)
 
 
-COLOURS = {Role.ROLLOUT: "tab:blue", Role.JUDGE: "tab:orange", Role.TRAIN: "tab:green", "shift": "black"}
+# Each kind of span's colour and hatch, and where its legend entry is not its name; a phase's bar goes
+# under the shifts made in it.
+STYLES = {Role.ROLLOUT: ("tab:blue", None), Role.JUDGE: ("tab:orange", None), Role.TRAIN: ("tab:green", None),
+          "shift": ("black", "//"), WAIT: ("lightgrey", None), "startup": ("silver", ".."), "eval": ("plum", "xx"),
+          "checkpoint": ("peru", "\\\\"), "export": ("khaki", "++")}
+LEGEND = {WAIT: "waiting for the other ranks", "startup": "start-up", "eval": "evaluation"}
+ALWAYS = (Role.ROLLOUT, Role.JUDGE, Role.TRAIN, "shift")  # in the legend whether drawn or not
 
 
 def draw_timeline(out: Path, spans: list[dict], ranks: int) -> None:
-    """timeline.png, the whole run; timeline_step.png, the step after the first with the most role
-    changes (a run with none: the most reloads), each shift labelled with the roles it went between.
-    `spans`: {step, rank, role, start, end} (a shift's role "shift", with its "from" and "to"), a run's
-    timeline.jsonl or a simulated run's (python -m sim --timeline)."""
+    """timeline.png, the whole run; timeline_step.png, the step `step_to_draw` picks, each shift
+    labelled with the roles it went between. `spans`: {step, rank, role, start, end} (a shift's role
+    "shift", with its "from" and "to"; WAIT; one of PHASES), a run's timeline.jsonl or a simulated
+    run's (python -m sim --timeline)."""
     _draw_spans(out / "timeline.png", spans, ranks, "the run", since="the run", origin=0.0)
-    moves = [s for s in spans if s["role"] == "shift"]
-    shifts = Counter(s["step"] for s in moves if s["from"] != s["to"]) or Counter(s["step"] for s in moves)
-    if shifts:
-        later = [k for k in shifts if k > 0] or list(shifts)  # step 0 also starts the engines and evaluates
-        step = max(later, key=lambda k: (shifts[k], k))
+    picked = step_to_draw(spans)
+    if picked:
+        step, shifts = picked
         shown = [s for s in spans if s["step"] == step]
-        _draw_spans(out / "timeline_step.png", shown, ranks, f"step {step}: {shifts[step]} shifts "
+        _draw_spans(out / "timeline_step.png", shown, ranks, f"step {step}: {shifts} shifts "
                     f"(r rollout, j judge, t train)", since=f"step {step}", origin=min(s["start"] for s in shown),
                     label_shifts=True)
+
+
+def step_to_draw(spans: list[dict]) -> tuple[int, int] | None:
+    """The step for timeline_step.png and its shifts: of the steps after the first (which starts the
+    engines) and, where there are any, with no phase in them (an evaluation, a checkpoint), the latest
+    with the most role changes (a run with none: the most reloads); None for a run with no shift."""
+    moves = [s for s in spans if s["role"] == "shift"]
+    shifts = Counter(s["step"] for s in moves if s["from"] != s["to"]) or Counter(s["step"] for s in moves)
+    phased = {s["step"] for s in spans if s["role"] in PHASES}
+    later = [k for k in shifts if k > 0] or list(shifts)
+    plain = [k for k in later if k not in phased] or later
+    if not plain:
+        return None
+    step = max(plain, key=lambda k: (shifts[k], k))
+    return step, shifts[step]
 
 
 def _draw_spans(path: Path, spans: list[dict], ranks: int, title: str, *, since: str, origin: float,
@@ -175,21 +194,25 @@ def _draw_spans(path: Path, spans: list[dict], ranks: int, title: str, *, since:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(12, min(1 + 0.5 * ranks, 16)))
     bars = {}  # (rank, role): its spans, drawn in one call (a simulated run has tens of thousands)
     for s in spans:
         bars.setdefault((s["rank"], s["role"]), []).append((s["start"] - origin, s["end"] - s["start"]))
+    shown = [kind for kind in STYLES if kind in ALWAYS or any(role == kind for _, role in bars)]
+    # tall enough for the legend beside the bars, which has a line per kind of span drawn
+    fig, ax = plt.subplots(figsize=(12, min(max(1 + 0.5 * ranks, 0.8 + 0.25 * len(shown)), 16)))
+    for s in spans:
         if s["role"] == "shift" and label_shifts and ranks <= 32:
             ax.annotate(f"{s['from'][0]}>{s['to'][0]}", (s["start"] - origin, s["rank"] + 0.42),
                         fontsize=7, ha="left", va="bottom")
     for (rank, role), extents in bars.items():
-        ax.broken_barh(extents, (rank - 0.4, 0.8), facecolors=COLOURS[role], hatch="//" if role == "shift" else None)
+        colour, hatch = STYLES[role]
+        ax.broken_barh(extents, (rank - 0.4, 0.8), facecolors=colour, hatch=hatch, zorder=1 if role in PHASES else 2)
     ax.set_title(title)
     ax.set_xlabel(f"seconds since the start of {since}")
     ax.set_ylabel("rank")
     ax.set_yticks(range(0, ranks, max(1, ranks // 16)))
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()],
-              labels=list(COLOURS), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, facecolor=STYLES[k][0], hatch=STYLES[k][1]) for k in shown],
+              labels=[LEGEND.get(k, str(k)) for k in shown], loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -32,7 +32,10 @@ holds the code to some of it).
   Hugging Face's: the safetensors files of one model).
 - store: the launch's TCPStore (`Dist.store`), for signals that must not wait for a collective.
 - checkpoint: OUT/checkpoints/step-N (checkpoint.py), what a restarted run resumes from.
-- span: a stretch of time one rank held one role, or shifted (timeline.jsonl).
+- span: a stretch of time one rank held one role, shifted, waited at a round's exchange (WAIT) or spent
+  in a phase (timeline.jsonl).
+- phase: a part of a run outside its steps' roles (PHASES): the start-up (imports, data, engines, storage,
+  the first roles), an evaluation, a checkpoint, the final export.
 """
 import enum
 
@@ -57,3 +60,7 @@ class Role(str, enum.Enum):
 
 ENGINE_ROLES = (Role.ROLLOUT, Role.JUDGE)  # roles that run a vLLM engine
 ROLES = ENGINE_ROLES + (Role.TRAIN,)
+# A timeline span's "role" beside the roles and "shift": a rank blocked at a round's exchange until every
+# rank has reported and rank 0 has decided, and the phases, in the order a run meets them.
+WAIT = "wait"
+PHASES = ("startup", "eval", "checkpoint", "export")

@@ -58,7 +58,7 @@ import torch.distributed as dist
 import faults
 from algorithm import Algorithm, group_advantages, informative
 from planner import TrainSpeed
-from roles import ENGINE_ROLES, ROLES, Role
+from roles import ENGINE_ROLES, ROLES, WAIT, Role
 from roles.engine import Completion, Request
 from roles.judge import Judge, ParseFailure, Verdict
 from roles.rollout import RolloutEngine, Sample
@@ -525,7 +525,7 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
     shift; `next_roles(roles, queues, rng)` (Placement's) gives the roles and the next round's length;
     `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish) and
     `rollout`, `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
-    training work. Returns, on every rank, the step's samples in
+    training work, and `timeline.busy(WAIT)` each round's exchange. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
     the seconds this rank spent prefilling migrated sequences again."""
@@ -537,7 +537,8 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
     while True:
         begin = time.perf_counter()
         ending.leave()
-        orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since)
+        with timeline.busy(WAIT):
+            orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since)
         if d.rank == 0:
             ending.forget()
             queues.book.exchange_s = time.perf_counter() - begin

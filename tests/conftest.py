@@ -150,6 +150,21 @@ def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def timeline_gaps(spans: list[dict], longest: float = 0.5) -> list[tuple[int, float, float]]:
+    """Each stretch of a rank's time longer than `longest` seconds, between its first span's start and
+    its last span's end, that none of its spans (a role, a shift, a wait, a phase) covers: (rank, start,
+    end). A run's timeline.jsonl that accounts for the whole run has none."""
+    gaps = []
+    for rank in sorted({s["rank"] for s in spans}):
+        mine = sorted((s["start"], s["end"]) for s in spans if s["rank"] == rank)
+        covered = mine[0][1]
+        for start, end in mine[1:]:
+            if start - covered > longest:
+                gaps.append((rank, covered, start))
+            covered = max(covered, end)
+    return gaps
+
+
 def samples(out):
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 

@@ -3,14 +3,15 @@ import json
 
 import pytest
 
-from conftest import ROOT, torchrun
+from conftest import ROOT, timeline_gaps, torchrun
+from roles import PHASES
 
 
 def test_colocated_run_learns_from_the_judge(tmp_path):
     out = tmp_path / "run"
     steps = 8
     torchrun(ROOT / "pivot_train.py", "--steps", steps, "--eval-every", steps, "--eval-prompts", 64,
-             "--out", out, timeout=900)
+             "--checkpoint-every", steps // 2, "--out", out, timeout=900)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps + 1))
     for r in records[:-1]:
@@ -40,4 +41,11 @@ def test_colocated_run_learns_from_the_judge(tmp_path):
         marked = sorted((s["rank"], s["from"], s["to"]) for s in timeline if s["step"] == r["step"] and s["role"] == "shift")
         reported = r["shifts"] + r.get("eval_shifts", []) + r.get("startup_shifts", [])
         assert marked == sorted((s["rank"], s["from"], s["to"]) for s in reported)
+    # and accounts for each rank's whole run: the start-up, both evaluations, both checkpoints and the
+    # export are spans of their own, and no stretch longer than half a second is left blank
+    for rank in (0, 1):
+        assert sorted((s["role"], s["step"]) for s in timeline if s["rank"] == rank and s["role"] in PHASES) == [
+            ("checkpoint", steps // 2 - 1), ("checkpoint", steps - 1), ("eval", 0), ("eval", steps),
+            ("export", steps), ("startup", 0)]
+    assert timeline_gaps(timeline) == []
     assert (out / "timeline_step.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
