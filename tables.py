@@ -87,8 +87,9 @@ def convergence(bench: dict) -> list[str]:
     steps = list(next(iter(bench["runs"].values()))["eval_accuracy"])
     lines = [row(["held-out accuracy at step", *steps]), row(["---"] * (len(steps) + 1))]
     for setting, run in bench["runs"].items():
-        lines.append(row([setting.replace("K=", "K = "), *(f"{run['eval_accuracy'].get(s, float('nan')):.3f}"
-                                                            for s in steps)]))
+        k, *flags = setting.split(" ", 1)
+        label = k.replace("K=", "K = ") + "".join(f", `{f}`" for f in flags)
+        lines.append(row([label, *(f"{run['eval_accuracy'].get(s, float('nan')):.3f}" for s in steps)]))
     return lines
 
 
