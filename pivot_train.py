@@ -509,8 +509,7 @@ def main(argv=None):
     judge = Judge(args.judge_model, judge_tok, template, seed=args.seed, max_model_len=args.max_model_len,
                   kv_cache_bytes=(args.judge_kv_cache_mb or args.kv_cache_mb) << 20,
                   max_tokens=args.max_critique_tokens, on_parse_failure=args.on_parse_failure,
-                  encode_prompt=encode_prompt, judge_kind=args.judge_kind,
-                  recipe=algo.recipe(args.answer_marker, args.max_response_tokens),
+                  encode_prompt=encode_prompt, judge_kind=args.judge_kind, recipe=reward_recipe(args),
                   lengths=longtail.lengths(args.workload, args.seed, longtail.CRITIQUE, args.max_critique_tokens),
                   **engines)
     if resume:

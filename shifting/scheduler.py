@@ -220,8 +220,7 @@ class StepQueues:
     side by side)."""
 
     def __init__(self, prompts: list[dict], *, step: int, sampling: SamplingOptions, algo: Algorithm,
-                 round_steps: int = 1,
-                 ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
+                 round_steps: int = 1, ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
                  train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
                  version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None,
                  trace: bool = False):
