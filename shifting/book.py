@@ -33,6 +33,10 @@ EMPTY_SHARE = 1 / 8
 # thread keeps (RoundEnd) and the thread's wake-up, 0.2 ms on an idle core here, and the median of a
 # store round trip on this machine's loaded cores 0.4 ms (docs/placements.md).
 NOTICE_S = 0.0004
+# --updates ready at --max-staleness K >= 2: a step's rounds may end once no more than this share of its
+# groups is still out (and the step after it has begun); those go on in the next step and train in the
+# update after their own, K updates after the weights that began them (`Book.may_end`, `Book.spill`).
+SPILL_SHARE = 0.5
 
 
 class RecentSteps:
@@ -185,6 +189,7 @@ class Book:
         self.recent_steps = RecentSteps(ranks)
         self.exchange_s = 0.0  # the step's last exchange with rank 0: none before its first
         self.aheads: list[Book] = []  # the next steps, begun during this one, in order
+        self.carried_in = 0  # groups at its head that went on from the step before (`spill`): at the bound
 
     @classmethod
     def judged_pool(cls, tokens: dict[int, int], group_size: int) -> "Book":
@@ -326,6 +331,49 @@ class Book:
     def done(self) -> bool:
         """Every sample the step admitted is judged."""
         return self.judged == self.expected
+
+    def may_end(self, spill: float) -> bool:
+        """--updates ready: whether the step's rounds may end with some of its groups still out, to go on in
+        the next step and train an update later: the next step has begun, every group carried in from the
+        step before is judged (it is at the bound: its update cannot wait for a later one), and at most a
+        `spill` share of the step's own groups is still out. A bound per group, as the staleness buffers of
+        the paper's release keep it (victor-yfzhao/psrl pivotrl/workers/ps/staleness_controller.py: a sample
+        begun under version v may enter the buffers of updates v to v + K), where a step-locked update
+        waits for its step's slowest group."""
+        own = self.n // self.group_size
+        out = self.group_left[:own] > 0
+        return bool(self.aheads) and not out[:self.carried_in].any() and out.sum() <= spill * own
+
+    def waits_for_bound(self, spill: float) -> bool:
+        """Whether the step's rounds go on only for groups carried in from the step before: it could end
+        but for them (`may_end`)."""
+        own = self.n // self.group_size
+        out = self.group_left[:own] > 0
+        return bool(self.aheads) and out[:self.carried_in].any() and out.sum() <= spill * own
+
+    def spill(self) -> np.ndarray:
+        """--updates ready, as the step ends with groups still out (`may_end`): they move behind its judged
+        ones, so that `carry` takes them into the next step's book, at its head (its `carried_in`). Returns
+        each sample's new number, by its old one."""
+        g, own = self.group_size, self.n // self.group_size
+        out = self.group_left[:own] > 0
+        groups = np.concatenate([np.flatnonzero(~out), np.flatnonzero(out), np.arange(own, len(self.group_left))])
+        order = (groups[:, None] * g + np.arange(g)).ravel()
+        for name in self.SAMPLE_ARRAYS:
+            setattr(self, name, getattr(self, name)[order])
+        for name in self.GROUP_ARRAYS:
+            setattr(self, name, getattr(self, name)[groups])
+        number = np.empty(len(order), dtype=np.int64)
+        number[order] = np.arange(len(order))
+        self.queue = {role: deque(int(number[i]) for i in queue) for role, queue in self.queue.items()}
+        kept = int((~out).sum()) * g
+        tail, ahead = self.phase[kept:self.n], self.aheads[0]
+        ahead.n, ahead.expected = ahead.n + len(tail), ahead.expected + len(tail)
+        ahead.generated += int((tail >= RESPONDED).sum())
+        ahead.judged += int((tail == JUDGED).sum())
+        ahead.carried_in = int(out.sum())
+        self.n = self.generated = self.judged = self.expected = kept
+        return number
 
     def judging_left(self) -> bool:
         """Verdicts still to come, of this step or of the next ones, begun during it."""

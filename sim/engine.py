@@ -177,45 +177,12 @@ class Step(book.Book):
         self.gen = np.zeros(self.n, dtype=np.int64)  # response tokens generated
         self.cgen = np.zeros(self.n, dtype=np.int64)  # critique tokens written
         self.began = np.full(self.n, version)  # the weights each sample began under
-        self.carried_in = 0  # RoundRules.spill_tail: groups at its head that went on from the step before
 
     def drawn_tokens(self, i) -> np.ndarray:
         return self.prompt + self.length[i]
 
     def members(self, group: int) -> slice:
         return slice(group * self.group_size, (group + 1) * self.group_size)
-
-    def may_end(self, spill: float) -> bool:
-        """RoundRules.spill_tail: whether the step may end with some of its groups still out, to go on in
-        the next step: one has begun, every group carried in from the step before is judged (they are at the
-        bound), and at most a `spill` share of its groups is still out."""
-        own = self.n // self.group_size
-        out = self.group_left[:own] > 0
-        return bool(self.aheads) and not out[:self.carried_in].any() and out.sum() <= spill * own
-
-    def spill(self) -> np.ndarray:
-        """RoundRules.spill_tail, as the step ends: its groups still out move behind its judged ones, to
-        the head of the next step's samples, which `carry` then takes out with them. Returns each sample's
-        new number, by its old one."""
-        g, own = self.group_size, self.n // self.group_size
-        out = self.group_left[:own] > 0
-        groups = np.concatenate([np.flatnonzero(~out), np.flatnonzero(out), np.arange(own, len(self.group_left))])
-        order = (groups[:, None] * g + np.arange(g)).ravel()
-        for name in self.SAMPLE_ARRAYS:
-            setattr(self, name, getattr(self, name)[order])
-        for name in self.GROUP_ARRAYS:
-            setattr(self, name, getattr(self, name)[groups])
-        number = np.empty(len(order), dtype=np.int64)
-        number[order] = np.arange(len(order))
-        self.queue = {role: deque(int(number[i]) for i in queue) for role, queue in self.queue.items()}
-        kept = int((~out).sum()) * g
-        tail, ahead = self.phase[kept:self.n], self.aheads[0]
-        ahead.n, ahead.expected = ahead.n + len(tail), ahead.expected + len(tail)
-        ahead.generated += int((tail >= book.RESPONDED).sum())
-        ahead.judged += int((tail == book.JUDGED).sum())
-        ahead.carried_in = int(out.sum())
-        self.n = self.generated = self.judged = self.expected = kept
-        return number
 
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
@@ -360,8 +327,8 @@ class Simulation:
         """How many updates after its rollout a step is trained in the update whose rounds roll it out to
         its end: K (pipeline.py), or 1 under deep_pipeline, whose steps begin up to K ahead of it, or K - 1
         under spill_tail, whose slowest groups go on into the step after."""
-        if rules.spill_tail and max_staleness >= 2:
-            return max_staleness - 1
+        if rules.spill_tail:
+            return pipeline.depth(max_staleness, "ready")
         return min(max_staleness, 1) if rules.deep_pipeline else max_staleness
 
     def _begin(self, head: Step, last: int, version: int) -> None:
