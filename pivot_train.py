@@ -7,12 +7,15 @@ against the sampling logprobs; the new weights are published to the Global Param
 rollout engine loads them before the next step. By default synchronous and on-policy: step k's samples
 come from step k's weights.
 
-With --max-staleness K > 0 the update runs K steps behind the rollout: while step k's prompts are rolled
-out and judged (with the weights of update k - K), the train ranks work through the groups of step k - K
-(all judged), so training overlaps rollout and judging, and once through them they make the update
-before the step's last critique and publish it at once: the sequences in flight go on under the new
-weights (partial rollout) and step k + 1 begins beside step k's tail (shifting/scheduler.py). Every
-sample of update u began under weights version u - K or newer (the first K updates: version 0). The clipped ratio against the sampling
+With --max-staleness K > 0 the update runs D steps behind the rollout (D = K, or K - 1 under --updates
+ready at K >= 2: pipeline.depth): while step k's prompts are rolled out and judged (with the weights of
+update k - D), the train ranks work through the groups of step k - D (all judged), so training overlaps
+rollout and judging, and once through them they make the update before the step's last critique and
+publish it at once: the sequences in flight go on under the new weights (partial rollout) and step k + 1
+begins beside step k's tail (shifting/scheduler.py). Under --updates ready (the default) step k's rounds
+then end once at most half of its groups are still out and every group carried into it is judged; those
+still out go on in step k + 1 and train with its groups, an update later (shifting/book.py Book.may_end).
+Every sample of update u began under weights version u - K or newer (the first updates: version 0). The clipped ratio against the sampling
 logprobs bounds how far the update moves from the weights that sampled them; --rollout-is token|sequence
 instead takes verl's rollout correction: the ratio against pi_old, the logprobs of the weights the update
 starts from, and each token's loss weighted by min(pi_old / pi_rollout, --rollout-is-threshold).
@@ -199,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-staleness", type=int, default=0, metavar="K",
                    help="the update may train samples that weights up to K versions older sampled: it runs K steps "
                         "behind the rollout, overlapping it; 0: synchronous on-policy")
+    g.add_argument("--updates", choices=pipeline.UPDATES, default="ready",
+                   help="at --max-staleness K >= 2, which groups an update trains: ready, those judged first, each "
+                        "within K updates of the weights that began it (a step's slowest groups go on into the "
+                        "next update); step, exactly one step's, waiting for its slowest group (the same at K < 2)")
     g.add_argument("--round-steps", type=int, default=book.ROUND_STEPS,
                    help="ranks report to rank 0 about every this many engine steps (measured as time), or when "
                         "their engine runs empty; colocated ranks with nothing queued report once their engine is empty")
@@ -533,6 +540,9 @@ def main(argv=None):
     # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
     # the pipeline is full), oldest first.
     pending = collections.deque(checkpoint.pending_steps(resume) if resume else [])
+    if len(pending) > pipeline.depth(args.max_staleness, args.updates):
+        sys.exit(f"--out {out}: its checkpoint holds {len(pending)} steps rolled out ahead, written by step-locked "
+                 f"updates; resume it with --updates step")
     # Where the data stream stands: the prompts the steps rolled out so far have drawn.
     position = data_position(resume, start, len(pending), args)
 
@@ -544,18 +554,22 @@ def main(argv=None):
         return [train_set[i] for i in stream_prompts(len(train_set), first, step_draw(args), args.seed)]
 
     # --max-staleness K > 0: the next step's work that a step began, once its update was published during
-    # it (rank 0 keeps it).
-    carried = None
+    # it (rank 0 keeps it), and the prompts of the step before, whose groups still out as it ended go on in
+    # the next (--updates ready). A checkpoint holds whole steps: a launch begins with neither.
+    carried, before = None, []
 
     def roll_out(step: int, train_pool: list[Sample] | None, ahead: int | None = None):
         """`ahead`: the step that may begin during this one (book.ahead_step), its prompts the next in the
         data stream; None: none."""
-        nonlocal position, carried
+        nonlocal position, carried, before
+        drawn = prompts(step)
         samples, early, generation, carried = rollout_and_judge(
-            d, context, prompts(step), rollout_engine, judge, placement, step, timeline, args, sampling=sampling,
+            d, context, drawn, rollout_engine, judge, placement, step, timeline, args, sampling=sampling,
             algo=algo, train_pool=train_pool, skipped_in_row=skipped_in_row,
-            ahead=None if ahead is None else prompts(step, later=1), carried=carried)
-        position += len(samples) // args.group_size  # every prompt drawn yields G samples
+            ahead=None if ahead is None else prompts(step, later=1), carried=carried, before=before)
+        # --filter-groups (K = 0) draws as it goes: every prompt it admitted yields G samples
+        position += len(samples) // args.group_size if args.filter_groups else len(drawn)
+        before = drawn
         return samples, early, generation
 
     for step in range(start, args.steps + 1):
@@ -623,7 +637,7 @@ def data_position(resume: dict | None, start: int, pending: int, args) -> int:
 
 # What the steps rolled out before the first update (--max-staleness K > 0) add to its record.
 FILL_COUNTS = ("judge_requests", "judge_parse_failures", "migrated_sequences", "migration_prefill_tokens",
-               "rollout_judge_s", "rounds")
+               "rollout_judge_s", "rounds", "bound_wait_s", "rollout_idle_s", "spilled_groups")
 
 
 def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
@@ -637,13 +651,14 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
     step that may begin during it. Returns (the samples rolled out, the samples to train, what early
     training did, the rollout's figures)."""
     fill = {key: 0 for key in FILL_COUNTS} | {"shifts": []}
-    ahead, beside = pipeline.rollouts(step, len(pending), args.max_staleness, args.steps)
+    depth = pipeline.depth(args.max_staleness, args.updates)
+    ahead, beside = pipeline.rollouts(step, len(pending), depth, args.steps)
     for filled_step in ahead:
         filled, _, generation = roll_out(filled_step, None)
         pending.append(filled)
         fill = {key: fill[key] + generation[key] for key in fill}
-    pool = pending.popleft() if args.max_staleness else None
-    next_step = book.ahead_step(beside, args.max_staleness, args.steps, checkpoint_due(step, args))
+    pool = pending.popleft() if depth else None
+    next_step = book.ahead_step(beside, depth, args.steps, checkpoint_due(step, args))
     samples, early, generation = roll_out(beside, pool, next_step)
     if pool is not None and samples:
         pending.append(samples)
@@ -653,16 +668,18 @@ def rollout_for_update(step: int, pending: collections.deque, roll_out, args):
 
 def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placement, step, timeline, args, *,
                       sampling: SamplingOptions, algo: algorithm.Algorithm, train_pool: list[Sample] | None = None,
-                      skipped_in_row: int = 0,
-                      ahead: list[dict] | None = None, carried: StepQueues | None = None):
+                      skipped_in_row: int = 0, ahead: list[dict] | None = None,
+                      carried: StepQueues | None = None, before: list[dict] | None = None):
     """Collective: the step's samples, scored, in (prompt, sample) order on every rank, each with the
     weights' versions that sampled its tokens, and what the step's rollout and judging took (shifts,
     migrations, rounds, the judge's first-try parse failures). With a `train_pool` (an earlier step's
     scored samples) the train ranks work through its groups meanwhile (early training), and once through
     them all make the update (its statistics in the returned `early["update"]`). With `ahead` (the next
     step's prompts) the update is published as soon as it is made, and the next step begins; `carried`
-    (rank 0): this step's work, begun so by the step before. Returns the samples, `early`, the figures,
-    and (rank 0) the next step's work begun."""
+    (rank 0): this step's work, begun so by the step before, with (--updates ready) the groups of that step
+    left out as it ended, whose prompts are `before`; this step's end may leave some out so, in turn. Returns
+    the samples (this step's and those carried into it), `early`, the figures, and (rank 0) the next step's
+    work begun."""
     # At K > 0 a step rolled out before any update (the pipeline's first K) has no groups to train.
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
@@ -671,11 +688,13 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
                         early_train=early_train, train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried, trace=args.trace_rounds,
+                        spill=pipeline.depth(args.max_staleness, args.updates) < args.max_staleness,
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.next_roles, prompts=prompts,
                                          rollout=rollout_engine, judge=judge, capacity=args.max_seqs,
-                                         seed=placement.seed, step=step, timeline=timeline, ahead=ahead)
+                                         seed=placement.seed, step=step, timeline=timeline, ahead=ahead,
+                                         before=before)
     seconds = time.perf_counter() - start
     if queues is not None and queues.trace is not None:
         with open(Path(args.out) / "rounds.jsonl", "a") as f:
@@ -686,11 +705,13 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     resume = torch.tensor([resume_s])
     dist.all_reduce(resume, group=d.control)
     counts = [(queues.parse_failures, queues.judge_runs, queues.migrated, queues.engine_metrics(),
-               queues.train_speed.per_s, queues.reloaded, len(queues.ahead.samples) if queues.ahead else 0,
-               early["update"] is None and placement.update_alone(list(context.roles), queues))
+               queues.train_speed.per_s, queues.reloaded,
+               sum(key[0] == queues.ahead.step for key in queues.ahead.samples) if queues.ahead else 0,
+               early["update"] is None and placement.update_alone(list(context.roles), queues),
+               (queues.bound_wait_s, queues.rollout_idle_s, queues.spilled))
               if queues else None]
     dist.broadcast_object_list(counts, src=0, group=d.control)
-    failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead, alone = counts[0]
+    failures, judged, migrated, engines, placement.train_speed.per_s, reloaded, ran_ahead, alone, bound = counts[0]
     early = {**early, "alone": alone}  # who makes the update, if the rounds did not (to_train)
     # What every rank waited for beyond the busiest rank's work (its shift, engine steps, training) and
     # rank 0's choice of roles (plan_s): the rounds' exchange with rank 0.
@@ -699,7 +720,8 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
                "migration_prefill_tokens": sum(s.prefill_tokens for s in samples),
                "migration_prefill_s": resume.item(), "rollout_judge_s": seconds, "exchange_s": exchange,
                "judge_parse_failures": failures, "judge_requests": judged,
-               "reloaded_sequences": reloaded, "ran_ahead_samples": ran_ahead, **engines}
+               "reloaded_sequences": reloaded, "ran_ahead_samples": ran_ahead, "bound_wait_s": bound[0],
+               "rollout_idle_s": bound[1], "spilled_groups": bound[2], **engines}
     return samples, early, figures, queues.ahead if queues else None
 
 
@@ -715,8 +737,11 @@ def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
         ends = [first for first, _ in s.versions[1:]] + [len(s.response_ids)]
         for (first, version), end in zip(s.versions, ends):
             tokens[update - version] += end - first
+    # --updates ready: groups of an earlier step, which its end left out, and of a later one, judged first
     return {"staleness": {str(k): n for k, n in sorted(stale.items())},
-            "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())}}
+            "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())},
+            "earlier_step_groups": len({s.group for s in samples if s.step < update}),
+            "later_step_groups": len({s.group for s in samples if s.step > update})}
 
 
 def to_train(context: RoleContext, placement: Placement, early: dict) -> list[dict]:
@@ -741,7 +766,8 @@ def train_step(context: RoleContext, samples: list[Sample], early: dict, timelin
     --filter-groups left out are not in it; with none left the update takes no optimizer step."""
     samples = update_samples(samples, algo, args.group_size)
     if early["groups"]:
-        minibatches = [[s for s in samples if s.prompt_index not in early["groups"]]]
+        early_groups = set(early["groups"])
+        minibatches = [[s for s in samples if s.group not in early_groups]]
     else:
         per = max(1, -(-len(samples) // args.minibatches))
         minibatches = [samples[i:i + per] for i in range(0, len(samples), per)]
@@ -873,7 +899,7 @@ def forget_after(out: Path, start: int) -> None:
 def log_samples(d: Dist, out: Path, step: int, samples: list[Sample], args) -> None:
     """Every response of the step with its critique and reward, for reading what the judge rewards;
     with --filter-groups, whether the update trained it; with --max-staleness, the weights' versions
-    that sampled its tokens."""
+    that sampled its tokens and its group (the step that drew it may be an earlier or a later one)."""
     if d.rank != 0:
         return
     with open(out / "samples.jsonl", "a") as f:
@@ -883,7 +909,8 @@ def log_samples(d: Dist, out: Path, step: int, samples: list[Sample], args) -> N
                    "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
                    "judge_prompt_tokens": s.judge_prompt_tokens, "critique_tokens": s.critique_tokens}
             row |= {"trained": not s.dropped} if args.filter_groups else {}
-            row |= {"versions": s.versions} if args.max_staleness else {}  # (first token, version) per stretch
+            # (first token, version) per stretch, and its group: the step that drew its prompt, and the prompt's place
+            row |= {"versions": s.versions, "group": list(s.group)} if args.max_staleness else {}
             f.write(json.dumps(row) + "\n")
 
 

@@ -32,10 +32,21 @@ class Sample:
     versions: list[tuple[int, int]] = field(default_factory=list)
     pi_old: list[float] | None = None  # rollout correction: logprobs of the weights an update starts from
     dropped: bool = False  # --filter-groups: its group's rewards are all equal, so the update leaves it out
+    step: int = 0  # the step whose prompts it answers (an update may train groups of two steps: --updates ready)
 
     @property
     def key(self) -> tuple[int, int]:
         return self.prompt_index, self.sample_index
+
+    @property
+    def id(self) -> tuple[int, int, int]:
+        """(step, prompt, sample): unique within a run, as its requests' ids are."""
+        return self.step, self.prompt_index, self.sample_index
+
+    @property
+    def group(self) -> tuple[int, int]:
+        """(step, prompt): its group, unique within a run."""
+        return self.step, self.prompt_index
 
 
 def sample_seed(seed: int, step: int, prompt_index: int, sample_index: int) -> int:
@@ -76,7 +87,8 @@ class RolloutEngine:
         return Sample(*request.key, request.prompt_ids, done.token_ids, done.logprobs, done.finish_reason,
                       response=self.tokenizer.decode(done.token_ids, skip_special_tokens=True),
                       reference=record.get("reference"), prompt=record["prompt"], rubric=record.get("rubric"),
-                      prefill_tokens=done.prefill_tokens, version=done.versions[0][1], versions=done.versions)
+                      prefill_tokens=done.prefill_tokens, version=done.versions[0][1], versions=done.versions,
+                      step=request.step)
 
     def sample(self, prompts: list[tuple[int, list[int]]], k: int, temperature: float, max_tokens: int,
                seed: int) -> list[list[str]]:

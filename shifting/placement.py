@@ -38,9 +38,12 @@ class Placement:
         # rolls out and judges; the optimizer steps once every group is in, so the update is the same.
         # One minibatch only: a later minibatch's gradients need the weights its predecessor updates.
         # With --max-staleness > 0 the groups are an earlier step's, so a fixed split's train ranks too
-        # work through them while the others roll out and judge.
+        # work through them while the others roll out and judge. --force-shifts trains early at K > 0 only,
+        # where a train rank it picks works through the earlier step's groups all in the round it is handed
+        # them (its rounds are untimed), so its schedule still depends on its seed alone.
         overlaps = options.placement == "pivot" or (options.placement == "disaggregated" and options.max_staleness > 0)
-        self.early_train = overlaps and options.force_shifts is None and options.minibatches == 1
+        self.early_train = overlaps and (options.force_shifts is None or options.max_staleness > 0) \
+            and options.minibatches == 1
         self.planner = None
         if options.placement == "pivot":
             # Priors only: the planner refits engine speeds every round and shift costs every step.

@@ -223,13 +223,15 @@ class StepQueues:
                  round_steps: int = 1, ranks: int = 1, early_train: bool = False, train_speed: TrainSpeed | None = None,
                  train_pool: list[Sample] | None = None, skipped_in_row: int = 0, filter_groups: int | None = None,
                  version: int = 0, ahead: list[dict] | None = None, carried: "StepQueues | None" = None,
-                 trace: bool = False):
+                 spill: bool = False, trace: bool = False):
         """`algo`: the run's algorithm, which gives a group judged its advantages (early training).
         `filter_groups` (--filter-groups): the informative groups the step wants (--prompts-per-step);
         `prompts` are then every prompt it may draw, admitted as groups are left out. None: all of `prompts`.
         `version`: the weights' version published as the step starts. `ahead` (with a train pool): the next
         step's prompts, admitted once the update is published during this step (`publish_due`); `carried`:
-        this step's own work begun so, during the step before (`carry`). `ranks`: the world size, whose
+        this step's own work begun so, during the step before (`carry`). `spill` (--updates ready at K >= 2):
+        the step may end with some of its groups still out, which go on in the next (book.Book.may_end,
+        book.Book.spill). `ranks`: the world size, whose
         recent engine steps set a round's length (book.RecentSteps). `trace` (--trace-rounds): keep every
         round's reports and orders (`trace_round`)."""
         self.sampling, self.prompts, self.step, self.group_size = sampling, prompts, step, sampling.group_size
@@ -242,8 +244,11 @@ class StepQueues:
         self.ranks = ranks
         self.book = book.Book(len(requests), self.group_size, ranks=ranks, admitted=admitted * self.group_size)
         self.requests = dict(enumerate(requests))  # by sample number: the request queued or in flight for it
+        # Every sample's number in the book, by (step, prompt, sample): this step's, and those of the next
+        # step and of the groups spilled into it once it begins (`publish`, `carry`)
+        self.numbers = {(step, *r.key): i for i, r in enumerate(requests)}
         self.filter_groups = filter_groups is not None
-        self.samples: dict[tuple[int, int], Sample] = {}
+        self.samples: dict[tuple[int, int, int], Sample] = {}  # by Sample.id: the step's own, as they finish
         self.in_flight = dict.fromkeys(ENGINE_ROLES, 0)
         self.parse_failures = 0
         self.judge_runs = 0  # judge requests completed, retries excluded
@@ -265,12 +270,16 @@ class StepQueues:
         self.train_speed = TrainSpeed() if train_speed is None else train_speed
         # The scored samples of an earlier step that this step's update trains on (--max-staleness > 0),
         # by key; None: this step's own.
-        self.train_pool = None if train_pool is None else {s.key: s for s in train_pool}
-        # The book the update's groups are handed out from: this step's, or the train pool's.
+        self.train_pool = None if train_pool is None else {s.id: s for s in train_pool}
+        # The book the update's groups are handed out from: this step's, or the train pool's, whose groups
+        # (of one step, or with --updates ready those spilled from the step before it first) it numbers in
+        # (step, prompt) order, as the step's book that judged them numbered them as it ended.
+        self.pool_groups = [] if train_pool is None else sorted({s.group for s in train_pool})
         self.update_book = self.book if train_pool is None else book.Book.judged_pool(
-            {p * self.group_size + g: len(s.prompt_ids) + len(s.response_ids) for (p, g), s in self.train_pool.items()},
-            self.group_size)
-        self.trained: list[int] = []
+            {number * self.group_size + s.sample_index: len(s.prompt_ids) + len(s.response_ids)
+             for number, group in enumerate(self.pool_groups)
+             for s in (self.train_pool[(*group, g)] for g in range(self.group_size))}, self.group_size)
+        self.trained: list[tuple[int, int]] = []  # the groups the train ranks trained, as (step, prompt)
         self.early = dict(NO_EARLY)
         self.early_train_s = 0.0
         # With a train pool the update need not wait for the step's end: once its last group is trained the
@@ -285,6 +294,12 @@ class StepQueues:
         self.version, self.ahead_prompts, self.published = version, ahead, False
         self.ahead: StepQueues | None = None
         self.reloaded = 0  # sequences that went on under the weights published during the step
+        # --updates ready: the step may end with groups out (`done`); the seconds its rounds went on only
+        # for groups carried in from the step before (at the bound), and the seconds no rollout was queued
+        # or in flight while they went on
+        self.spill, self.spilled = spill, 0
+        self.bound_wait_s = self.rollout_idle_s = 0.0
+        self.waiting = (False, False)  # whether the round under way waits for the bound, and has no rollout
         self.trace: list[dict] | None = [] if trace else None
         self.begun = time.perf_counter()  # the trace's rounds are timed from here
         if carried is not None:
@@ -295,25 +310,32 @@ class StepQueues:
         requests not finished, queued or exported from the engines as that step ended."""
         assert carried.step == self.step and carried.prompts == self.prompts, "the carried step is not this one"
         self.book, self.requests, self.samples = carried.book, carried.requests, carried.samples
+        self.numbers = carried.numbers
         if self.train_pool is None:
             self.update_book = self.book
         self.judge_runs, self.parse_failures, self.migrated = carried.judge_runs, carried.parse_failures, carried.migrated
 
     def number(self, request: Request | Verdict) -> int:
         """A request's or a verdict's sample number in the book and the trace: prompt x G + sample within its
-        step, the next step's after this step's own, as the simulator numbers its samples (sim/engine.py
-        Step)."""
-        return (request.step - self.step) * self.book.n + request.key[0] * self.group_size + request.key[1]
+        step, the groups spilled from the step before first and the next step's after this step's own, as
+        the simulator numbers its samples (sim/engine.py Step, book.Book.spill)."""
+        return self.numbers[(request.step, *request.key)]
+
+    def group_number(self, group: tuple[int, int]) -> int:
+        """A group's number in the update's book: in the train pool's order, or this step's book."""
+        if self.train_pool is not None:
+            return self.pool_groups.index(group)
+        return self.numbers[(*group, 0)] // self.group_size
 
     def queued(self, role: str) -> list[Request]:
         """The requests in the role's queue, from its head."""
         return [self.requests[i] for i in self.book.queue[role]]
 
-    def _of(self, step: int) -> "StepQueues":
-        """The queues that keep step `step`'s samples: this step's, or the next step's, begun during it."""
-        if step == self.step:
+    def _of(self, i: int) -> "StepQueues":
+        """The queues that keep sample i: this step's, or the next step's, begun during it."""
+        if i < self.book.n:
             return self
-        assert self.ahead is not None and step == self.ahead.step, f"step {step}'s work during step {self.step}"
+        assert self.ahead is not None, f"sample {i} is beyond step {self.step}'s"
         return self.ahead
 
     def publish_due(self) -> bool:
@@ -330,17 +352,31 @@ class StepQueues:
         n = self.book.n
         self.book.extend(self.ahead.book)
         self.requests.update((i + n, request) for i, request in self.ahead.requests.items())
+        self.numbers.update((key, i + n) for key, i in self.ahead.numbers.items())
         return self.version + 1
 
     def carry(self, exported: list[Request]) -> "StepQueues | None":
         """As the step ends: the next step's queues, holding what of it is done and, queued first, the
-        requests the engines exported (every request left belongs to it)."""
+        requests the engines exported (every request left belongs to it). Where the step ends with groups
+        still out (`done`, --updates ready), the update's groups are those judged first, of this step or
+        the next, and the rest go on in the next step, this step's first (book.Book.spill): its book,
+        requests and samples follow."""
         if self.ahead is None:
             return None
+        if not self.book.done():
+            number = self.book.spill()
+            self.requests = {int(number[i]): r for i, r in self.requests.items()}
+            self.numbers = {key: int(number[i]) for key, i in self.numbers.items()}
+            self.spilled = self.ahead.book.carried_in
         numbers, n = [self.number(r) for r in exported], self.book.n
         self.requests.update(zip(numbers, exported))
         self.ahead.book = self.book.carry(numbers)
         self.ahead.requests = {i - n: r for i, r in self.requests.items() if i >= n}
+        self.ahead.numbers = {key: i - n for key, i in self.numbers.items() if i >= n}
+        for key in [key for key in self.samples if self.numbers[key] >= n]:
+            self.ahead.samples[key] = self.samples.pop(key)
+        for key in [key for key in self.ahead.samples if self.numbers[key] < n]:
+            self.samples[key] = self.ahead.samples.pop(key)
         self.ahead.migrated += len(exported)
         if self.trace is not None:
             self.trace.append({"carry": numbers})
@@ -357,15 +393,18 @@ class StepQueues:
         self.trace.append({
             "reports": [{"role": r.role, "responses": ids(judging for _, judging in r.responses),
                          "verdicts": ids(r.verdicts), "exported": ids(r.exported), "in_flight": r.in_flight,
-                         "trained": r.trained["groups"] if r.trained else [], "update": r.update is not None}
+                         "trained": [self.group_number(g) for g in r.trained["groups"]] if r.trained else [],
+                         "update": r.update is not None}
                         for r in reports],
             "roles": orders[0].roles, "work": [ids(o.work) for o in orders],
-            "handed": [group[0].prompt_index for group in train], "publish": orders[0].publish is not None,
+            "handed": [self.group_number(group[0].group) for group in train], "publish": orders[0].publish is not None,
             "update": any(o.update is not None for o in orders), "timed": orders[0].rounds.seconds is not None,
             "seconds": orders[0].rounds.seconds, "done": orders[0].done, "at": time.perf_counter() - self.begun})
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
         self.reports, self.round_s = reports, round_s
+        self.bound_wait_s += round_s * self.waiting[0]
+        self.rollout_idle_s += round_s * self.waiting[1]
         stepped = [r for r in reports if r.engine_steps]
         busy = sum(bool(r.engine_steps or r.train_s) for r in reports)
         worked = [r.work_s for r in reports if r.engine_steps or r.trained or r.shifts]
@@ -385,9 +424,10 @@ class StepQueues:
             self.requests.update(zip(exported, report.exported))
             self.book.requeue(exported)
             for sample, judging in report.responses:
-                i, queues = self.number(judging), self._of(judging.step)
-                assert sample.key not in queues.samples, f"sample {sample.key} of step {judging.step} generated twice"
-                queues.samples[sample.key] = sample
+                i = self.number(judging)
+                queues = self._of(i)
+                assert sample.id not in queues.samples, f"sample {sample.key} of step {sample.step} generated twice"
+                queues.samples[sample.id] = sample
                 self.book.respond(i, len(sample.prompt_ids) + len(sample.response_ids))
                 self.requests[i] = judging
             for verdict in report.verdicts:
@@ -399,22 +439,25 @@ class StepQueues:
         trainers = [r for r in reports if r.trained]
         if trainers:  # every train rank reports the group's sums: count them once
             groups = trainers[0].trained["groups"]
-            self.update_book.train(groups)
+            self.update_book.train([self.group_number(group) for group in groups])
             self.trained += groups
             self.early = add_early(self.early, trainers[0].trained)
             seconds = max(r.train_s for r in trainers)
             self.early_train_s += seconds
             if groups and seconds > 0:  # prompt and response tokens through forward and backward, per rank
                 pool = self.train_samples()
-                tokens = sum(len(pool[(p, g)].prompt_ids) + len(pool[(p, g)].response_ids)
-                             for p in groups for g in range(self.group_size))
+                tokens = sum(len(pool[(*group, g)].prompt_ids) + len(pool[(*group, g)].response_ids)
+                             for group in groups for g in range(self.group_size))
                 self.train_speed.observe(tokens / (seconds * len(trainers)))
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
+        self.waiting = (self.spill and self.book.waits_for_bound(),
+                        not self.book.queue[Role.ROLLOUT] and not self.in_flight[Role.ROLLOUT])
 
     def _judged(self, verdict: Verdict) -> None:
-        i, queues = self.number(verdict), self._of(verdict.step)
+        i = self.number(verdict)
+        queues = self._of(i)
         assert self.book.phase[i] == book.JUDGING, f"sample {verdict.key} of step {verdict.step} judged twice"
-        verdict.apply(queues.samples[verdict.key])
+        verdict.apply(queues.samples[(verdict.step, *verdict.key)])
         queues.judge_runs += verdict.first_try
         queues.parse_failures += verdict.parse_failed and verdict.first_try
         if verdict.retry:
@@ -423,17 +466,18 @@ class StepQueues:
             return
         del self.requests[i]
         if self.book.judge(i):
-            group = [queues.samples[(verdict.key[0], g)] for g in range(self.group_size)]
+            group = [queues.samples[(verdict.step, verdict.key[0], g)] for g in range(self.group_size)]
             group_advantages(self.algo, [group])  # as the update gives them (pivot_train.update_samples)
             if queues.filter_groups and not informative([s.reward for s in group]):
-                self._drop(group)
+                self._drop(group, i // self.group_size)
 
-    def _drop(self, group: list[Sample]) -> None:
-        """--filter-groups: a group of equal rewards leaves the update, and the next prompt the step may
-        draw, if any is left, is admitted in its place: its G requests are queued now (book.Book.drop)."""
+    def _drop(self, group: list[Sample], number: int) -> None:
+        """--filter-groups: a group of equal rewards (`number` in the book) leaves the update, and the next
+        prompt the step may draw, if any is left, is admitted in its place: its G requests are queued now
+        (book.Book.drop)."""
         for s in group:
             s.dropped = True
-        self.book.drop(group[0].prompt_index)
+        self.book.drop(number)
 
     def train_samples(self) -> dict[tuple[int, int], Sample]:
         """The samples this step's update trains on, by key: the train pool's, or this step's so far."""
@@ -452,7 +496,9 @@ class StepQueues:
         train ranks work through them one at a time until the round ends (`_train`), and report which they
         trained; the others are handed out again."""
         pool = self.train_samples()
-        return [[pool[(p, g)] for g in range(self.group_size)] for p in self.update_book.ready()]
+        groups = self.pool_groups if self.train_pool is not None else \
+            {self.numbers[key] // self.group_size: key[:2] for key in pool}
+        return [[pool[(*groups[number], g)] for g in range(self.group_size)] for number in self.update_book.ready()]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
@@ -461,7 +507,9 @@ class StepQueues:
         return role == Role.JUDGE and self.book.judging_left()
 
     def done(self) -> bool:
-        return self.book.done()
+        """Every sample the step admitted is judged; or, where it may (`spill`), as many groups as its update
+        trains, those carried in among them (book.Book.may_end)."""
+        return self.book.done() or self.spill and self.book.may_end()
 
     def timed_round(self) -> Rounds:
         """A round of `round_steps` engine steps' worth of time, at the median step seen so far, and at
@@ -518,18 +566,19 @@ def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate:
 
 def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list[dict], rollout: RolloutEngine,
              judge: Judge, capacity: int, seed: int, step: int, timeline,
-             ahead: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
+             ahead: list[dict] | None = None, before: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `next_roles(roles, queues, rng)` (Placement's) gives the roles and the next round's length;
-    `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish) and
+    `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish; `before`, the
+    step before's, whose groups that step's end left out go on in this one: StepQueues.carry) and
     `rollout`, `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
     training work, and `timeline.busy(WAIT)` each round's exchange. Returns, on every rank, the step's samples in
     (prompt, sample) order, what early training did (`groups` trained, with their `loss_sum`,
     `clipped` and `tokens`, and the `update`'s statistics if the train ranks made it), the shifts, and
     the seconds this rank spent prefilling migrated sequences again."""
     rng = random.Random(f"{seed}/{step}")
-    step_prompts = {step: prompts, step + 1: ahead or []}
+    step_prompts = {step - 1: before or [], step: prompts, step + 1: ahead or []}
     report, since = Report(role=context.role), time.perf_counter()
     plain, resumed = [], []  # engine-step seconds, without and with resumed prefills
     ending = RoundEnd(d.store, d.watch, d.world_size, step)
@@ -653,7 +702,7 @@ def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:
             break
         with timeline.busy(Role.TRAIN):
             sums = add_early(sums, trainer.accumulate(group))
-        trained.append(group[0].prompt_index)
+        trained.append(group[0].group)
     return {**sums, "groups": trained}
 
 

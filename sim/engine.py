@@ -358,7 +358,7 @@ class Simulation:
             self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
-            if step.done() or self.rules.spill_tail and step.may_end(self.rules.spill_tail):
+            if step.done() or self.rules.spill_tail and step.may_end():
                 break
             if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()

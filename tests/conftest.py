@@ -61,17 +61,29 @@ PLACEMENTS = {
     "colocated-k1": (["--max-staleness", 1, "--minibatches", 2, "--rollout-is", "sequence"], 2),
     "forced-k1": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 1,
                    "--minibatches", 2, "--rollout-is", "sequence"], 2),
-    "pivot-k2": (["--placement", "pivot", "--max-staleness", 2, "--rollout-is", "token"], 2),
+    "pivot-k2": (["--placement", "pivot", "--max-staleness", 2, "--updates", "step", "--rollout-is", "token"], 2),
     "disaggregated-k2": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
-                          "--max-staleness", 2], 3),
+                          "--max-staleness", 2, "--updates", "step"], 3),
     # --max-staleness with no checkpoint to stop at: each update published as soon as it is made, the
     # engines go on under it, and the next step begins (tests/e2e/test_staleness.py); their rounds, recorded,
     # are replayed through the simulator's book there
     "pivot-k1-ahead": (["--placement", "pivot", "--max-staleness", 1, "--checkpoint-every", 0, "--trace-rounds"], 2),
     "disaggregated-k2-ahead": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
-                                "--max-staleness", 2, "--checkpoint-every", 0, "--trace-rounds"], 3),
+                                "--max-staleness", 2, "--updates", "step", "--checkpoint-every", 0, "--trace-rounds"], 3),
     "disaggregated-k2-every2": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1",
-                                 "--max-staleness", 2, "--checkpoint-every", 2], 3),
+                                 "--max-staleness", 2, "--updates", "step", "--checkpoint-every", 2], 3),
+    # --updates ready (the default at K >= 2) on the long-tail workload, whose slowest groups a step's end
+    # leaves to the next update (tests/e2e/test_ready_first.py): 8 prompts of 4 responses a step
+    **{f"{name}-ready": ([*flags, "--max-staleness", 2, "--prompts-per-step", 8, "--workload", "longtail",
+                          "--max-response-tokens", 48, "--max-critique-tokens", 48, "--checkpoint-every", 0,
+                          "--trace-rounds"], nproc)
+       for name, flags, nproc in [
+           ("colocated", [], 2), ("pivot", ["--placement", "pivot"], 2),
+           ("forced", ["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
+           ("disaggregated", ["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"], 3)]},
+    "forced-ready-every2": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 2,
+                             "--prompts-per-step", 8, "--workload", "longtail", "--max-response-tokens", 48,
+                             "--max-critique-tokens", 48, "--checkpoint-every", 2], 2),
     # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/e2e/test_filter_groups_runs.py);
     # avg@3 of the held-out prompts beside the greedy accuracy (tests/e2e/test_eval_samples_runs.py)
     "pivot-filter": (["--placement", "pivot", "--filter-groups", "--eval-samples", 3], 2),

@@ -45,7 +45,7 @@ def early_trained(algo: Algorithm, rewards: list[list[float]], order: random.Ran
         request, report = queues.requests[i], Report(role)
         p, g = request.key
         if role == "rollout":
-            sample = Sample(p, g, request.prompt_ids, [5], [-1.0], "stop", prompt=PROMPTS[p]["prompt"])
+            sample = Sample(p, g, request.prompt_ids, [5], [-1.0], "stop", prompt=PROMPTS[p]["prompt"], step=request.step)
             report.responses.append((sample, Request("judge", request.key, [6], 8, 0.0, step=request.step)))
         else:
             report.verdicts.append(Verdict(request.key, "", 1, 1, rewards[p][g], False, True, 0, step=request.step))

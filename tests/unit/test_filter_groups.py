@@ -44,7 +44,7 @@ def run_step(queues: StepQueues, rewards, order: random.Random) -> dict:
         report = Report(request.role)
         if request.role == "rollout":
             prompt = PROMPTS[request.key[0]]["prompt"]
-            sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", prompt=prompt)
+            sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", prompt=prompt, step=request.step)
             report.responses.append((sample, Request("judge", request.key, [6], 8, 0.0, step=request.step)))
         else:
             p, g = request.key
@@ -68,7 +68,7 @@ def test_the_step_draws_the_shortest_prefix_with_enough_informative_groups_in_an
     assert [r.seed for r in seen["queued"]] == [sample_seed(0, 3, p, g) for p in range(5) for g in range(G)]
     assert dropped(queues) == [0, 2, 3]
     assert queues.update_book.ready() == [1, 4] and seen["handed"] <= {1, 4}  # only informative groups reach train
-    assert sorted(queues.samples) == [(p, g) for p in range(5) for g in range(G)]
+    assert sorted(queues.samples) == [(3, p, g) for p in range(5) for g in range(G)]
     assert queues.judge_runs == queues.book.expected == 5 * G  # each admitted prompt's G samples judged once
     assert [s.dropped for s in queues.ordered_samples()] == [p in (0, 2, 3) for p in range(5) for _ in range(G)]
 
@@ -91,7 +91,7 @@ def test_colocated_ranks_finish_judging_before_rolling_out_what_was_admitted():
     queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, algo=Algorithm(), filter_groups=2)
     for i in list(queues.book.queue["rollout"]):
         request = take(queues, "rollout", i)
-        sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop")
+        sample = Sample(*request.key, request.prompt_ids, [5], [-1.0], "stop", step=request.step)
         queues.ingest([Report("rollout", responses=[(sample, Request("judge", request.key, [6], 8, 0.0))])], 0.0)
     judge = [take(queues, "judge", i) for i in list(queues.book.queue["judge"])[:2]]  # prompt 0's group, all 1: left out
     queues.ingest([Report("judge", verdicts=[Verdict(r.key, "", 1, 1, 1.0, False, True, 0, step=r.step) for r in judge])], 0.0)

@@ -37,7 +37,7 @@ def loop_queues(trained: bool, made: bool, published: bool, ahead: bool) -> Step
     state: both groups trained (`trained`) or one; the update made; published; a next step to begin."""
     queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1,
                         ahead=AHEAD if ahead else None)
-    queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1] if trained else [0]}, train_s=0.1)], 0.0)
+    queues.ingest([Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)] if trained else [(0, 0)]}, train_s=0.1)], 0.0)
     if made:
         queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
     queues.published = published
@@ -57,10 +57,11 @@ def test_the_loop_makes_and_publishes_the_update_by_the_book(asked):
     assert not queues.update_due() and asked[-1][2][0] is False
 
 
-def loop_ahead(max_staleness: int, steps: int, checkpoint_every: int = 0) -> dict[int, int | None]:
+def loop_ahead(max_staleness: int, steps: int, checkpoint_every: int = 0, updates: str = "step") -> dict[int, int | None]:
     """The loop over a run's updates (pivot_train.rollout_for_update, each step's rollout left out): the
     step rolled out beside each update, and the step it may begin."""
-    args = SimpleNamespace(max_staleness=max_staleness, steps=steps, checkpoint_every=checkpoint_every)
+    args = SimpleNamespace(max_staleness=max_staleness, steps=steps, checkpoint_every=checkpoint_every,
+                           updates=updates)
     begun, pending = {}, deque()
 
     def roll_out(step, train_pool, ahead=None):
@@ -75,6 +76,9 @@ def loop_ahead(max_staleness: int, steps: int, checkpoint_every: int = 0) -> dic
 
 def test_the_loop_begins_ahead_the_step_the_book_says(asked):
     assert loop_ahead(2, 6) == {2: 3, 3: 4, 4: 5, 5: None, 6: None, 7: None}
+    # ready-first: one step shallower, the step beside update u is u + 1
+    assert loop_ahead(2, 6, updates="ready") == {1: 2, 2: 3, 3: 4, 4: 5, 5: None, 6: None}
+    assert loop_ahead(1, 6, updates="ready") == loop_ahead(1, 6)
     assert loop_ahead(1, 6, checkpoint_every=2) == {1: 2, 2: None, 3: 4, 4: None, 5: None, 6: None}
     assert set(loop_ahead(0, 4).values()) == {None}
     assert {who for who, rule, _, _ in asked if rule == "ahead_step"} == {"pivot_train"}
@@ -107,7 +111,7 @@ def test_the_loop_publishes_at_the_round_after_the_update_is_made(asked, ahead):
     queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1,
                         ahead=AHEAD if ahead else None)
     roles = ["rollout", "judge", "train"]
-    reports = [[], [Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)],
+    reports = [[], [Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)],
                [Report("train", update={"loss": 0.0})], []]
     orders = [_decide([Report("rollout"), Report("judge"), *train], queues, keep, roles, None, 4, 0.0)
               for train in reports]

@@ -33,7 +33,7 @@ def test_one_estimate_from_early_training_to_the_planner_and_through_a_checkpoin
     queues = StepQueues(PROMPTS, step=1, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL,
                         train_speed=placement.train_speed)
     # two groups of two samples of 2 tokens each, in 0.1 s on one train rank: 80 tokens per second
-    queues.ingest([Report("train", trained={**NO_EARLY, "groups": [0, 1]}, train_s=0.1)], 0.0)
+    queues.ingest([Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)], 0.0)
     assert placement.train_speed.per_s == pytest.approx(0.5 * TrainSpeed.PRIOR + 0.5 * 80)
     assert placement.planner.measured_speeds().train_per_s == placement.train_speed.per_s
     placement.learn(POOL, [], {"train_tokens_per_s": 100.0})
