@@ -31,7 +31,7 @@ _CHUNK = 64 << 20
 SAME_FLAGS = ("policy", "judge_model", "judge_template", "judge_kind", "data", "eval_data", "eval_split", "seed",
               "prompts_per_step", "group_size", "temperature", "max_response_tokens", "max_critique_tokens",
               "lr", "weight_decay", "grad_clip", "minibatches", "placement", "split", "force_shifts", "adam_betas",
-              "workload", "max_staleness", "lr_warmup_steps", "answer_marker", "filter_groups",
+              "workload", "max_staleness", "updates", "lr_warmup_steps", "answer_marker", "filter_groups",
               "filter_groups_max_prompts", *algorithm.FLAGS)
 
 

@@ -540,9 +540,7 @@ def main(argv=None):
     # --max-staleness K: the steps generated and judged whose updates are still to come (K of them once
     # the pipeline is full), oldest first.
     pending = collections.deque(checkpoint.pending_steps(resume) if resume else [])
-    if len(pending) > pipeline.depth(args.max_staleness, args.updates):
-        sys.exit(f"--out {out}: its checkpoint holds {len(pending)} steps rolled out ahead, written by step-locked "
-                 f"updates; resume it with --updates step")
+    check_pending(len(pending), args)
     # Where the data stream stands: the prompts the steps rolled out so far have drawn.
     position = data_position(resume, start, len(pending), args)
 
@@ -620,6 +618,14 @@ def main(argv=None):
     context = rollout_engine = judge = None  # the engines must go before the process group they use
     gc.collect()
     shutdown_distributed(d)
+
+
+def check_pending(pending: int, args) -> None:
+    """A resumed run's checkpoint holds `pending` steps rolled out ahead: no more than its pipeline's depth
+    (one written by step-locked updates at K >= 2, before --updates existed, holds K)."""
+    if pending > pipeline.depth(args.max_staleness, args.updates):
+        sys.exit(f"--out {args.out}: its checkpoint holds {pending} steps rolled out ahead of the update, as "
+                 f"step-locked updates keep them; resume it with --updates step")
 
 
 def checkpoint_due(step: int, args) -> bool:

@@ -2,7 +2,7 @@
 after another on 2 ranks, each --steps steps from the same seed, and the held-out accuracy of each
 evaluation (greedy answers of the held-out prompts, checked against their references).
 
-    python bench/convergence.py [--steps 30] [--placement pivot] [--settings "K=0;K=1;K=2;K=2 --rollout-is token"]
+    python bench/convergence.py [--steps 30] [--placement pivot] [--settings "K=0;K=1;K=2;K=2 --updates step"]
                                 [--json PATH] [--out DIR]
 
 A setting is its label (K=N for --max-staleness N) and any further flags of pivot_train.py after it.
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import result_files  # noqa: E402
 
-SETTINGS = "K=0;K=1;K=2;K=1 --rollout-is token;K=2 --rollout-is token"
+SETTINGS = "K=0;K=1;K=2;K=2 --updates step;K=2 --rollout-is token"
 
 
 def flags(setting: str) -> list[str]:

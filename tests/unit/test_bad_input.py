@@ -164,3 +164,12 @@ def test_every_numeric_flag_has_a_rule():
     # --force-shifts takes any integer: it only seeds a random schedule
     rules = pivot_train.NUMBER_RULES + algorithm.number_rules()
     assert numeric - {"force_shifts"} == {flag for flag, _, _ in rules}
+
+
+def test_a_checkpoint_of_step_locked_updates_is_resumed_step_locked_only():
+    """A K = 2 run checkpointed before --updates existed holds 2 steps ahead; ready-first holds 1."""
+    ready = pivot_train.parse_args(["--max-staleness", "2", "--out", "runs/x"])
+    with pytest.raises(SystemExit, match="holds 2 steps rolled out ahead.*resume it with --updates step"):
+        pivot_train.check_pending(2, ready)
+    pivot_train.check_pending(1, ready)
+    pivot_train.check_pending(2, pivot_train.parse_args(["--max-staleness", "2", "--updates", "step", "--out", "x"]))
