@@ -194,6 +194,12 @@ class Step(book.Book):
     def members(self, group: int) -> slice:
         return slice(group * self.group_size, (group + 1) * self.group_size)
 
+    def begun_here(self) -> slice:
+        """The samples the step began: not the groups carried in at its head from the step before
+        (--updates ready: book.Book.spill), whose work that step's bounds count, nor those of the steps
+        begun after it."""
+        return slice(self.carried_in * self.group_size, self.n)
+
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
         change nothing that follows them."""
@@ -654,8 +660,8 @@ class Simulation:
         judged alone, at batch 1, with no shift, each reported to rank 0 in a round's exchange, then the
         update on every slot, of that sample's group where pivot trains groups early, else of all, and
         publishing. Each engine step is charged the context at the start of its block of
-        `block` tokens (steps only grow with context); the candidates are the samples longest in
-        response, critique and both."""
+        `block` tokens (steps only grow with context); the candidates are the samples it began
+        (Step.begun_here) longest in response, critique and both."""
         m, n, g = self.model, len(self.slots), step.group_size
         early = self.config is not None and self.config.early_train
         exchange = min(m.exchange_seconds(p, n) for p in ("colocated", "pivot"))
@@ -664,7 +670,8 @@ class Simulation:
             return sum(m.engine_step_seconds(role, 1, context + k) * min(block, tokens - k)
                        for k in range(0, tokens, block))
 
-        top = lambda x: np.argsort(x[:step.n])[-8:].tolist()  # noqa: E731 (its own samples, not those begun after it)
+        own = step.begun_here()
+        top = lambda x: (own.start + np.argsort(x[own])[-8:]).tolist()  # noqa: E731
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
         judge_prompt = step.prompt + step.judge_template
         return max(step.prompt / m.prefill_per_s[Role.ROLLOUT] + alone(Role.ROLLOUT, step.prompt, int(step.length[i]))
@@ -675,16 +682,16 @@ class Simulation:
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
 
     def _work_bound(self, step: Step, update: Step) -> float:
-        """A lower bound on the update's seconds from its work alone: `step`'s decoding, judging and
-        prefill and `update`'s training, each at the least slot-seconds the cost model allows per token
-        (CostModel.token_seconds: the best batch, and each decode step's context as it grows token by
-        token), spread evenly over every slot (over the cores, where slots share fewer), with no shift,
-        exchange, idling or publishing."""
+        """A lower bound on the update's seconds from its work alone: the decoding, judging and prefill
+        of the samples `step` began (Step.begun_here) and `update`'s training, each at the least
+        slot-seconds the cost model allows per token (CostModel.token_seconds: the best batch, and each
+        decode step's context as it grows token by token), spread evenly over every slot (over the cores,
+        where slots share fewer), with no shift, exchange, idling or publishing."""
         m, judge_prompt = self.model, step.prompt + step.judge_template
         slots = min(len(self.slots), m.cores or len(self.slots))
         seconds = 0.0
-        own = slice(step.n)  # not the steps begun after it
-        for role, prompts, lengths in ((Role.ROLLOUT, np.full(step.n, step.prompt), step.length[own]),
+        own = step.begun_here()
+        for role, prompts, lengths in ((Role.ROLLOUT, np.full(own.stop - own.start, step.prompt), step.length[own]),
                                        (Role.JUDGE, judge_prompt + step.length[own], step.critique[own])):
             per_token, per_context = m.token_seconds(role)
             prompts, lengths = prompts.astype(np.float64), lengths.astype(np.float64)

@@ -75,10 +75,14 @@ def test_ready_first_spills_a_tail_into_the_next_step_and_keeps_the_bound(cal, m
     to book.SPILL_SHARE of its groups still out, which go on in the next step and are trained with it:
     every sample is generated, judged and trained once, none more than K updates after the weights that
     began it, some groups carried into the next step at K, the rest K - 1."""
-    trained, finish = [], Simulation._finish
+    trained, finish, bounded, bound = [], Simulation._finish, [], Simulation._work_bound
     monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (trained.append(step), finish(sim, step)))
+    monkeypatch.setattr(Simulation, "_work_bound", lambda sim, step, update: (
+        bounded.append((step.carried_in, len(range(step.n)[step.begun_here()]))), bound(sim, step, update))[1])
     sim, result, _ = run(cal, placement, staleness=2, steps=3)
     assert sim.pipe == 1 and sim.ready
+    # A timed step's bounds count the work of the samples it began, not again that of the groups carried in
+    assert any(carried for carried, _ in bounded) and all(began == 8 * 16 for _, began in bounded)
     assert [s for _, s, _ in result.trained] == list(range(len(trained)))
     stale = [u - step.began for (u, _, _), step in zip(result.trained, trained)]
     assert all(s.max() <= 2 for s in stale)
