@@ -10,7 +10,8 @@ shift), and how colocated's step divides: until the last response, then the last
 of the update. The changed
 figures are not calibrated: they ask what the ratios would be if the workload or the costs were so.
 Some cases change the loop's rounds instead (sim.engine.RoundRules), to rules pivot_train.py does not
-follow: they ask what each of its rules is worth. `--preset paper` asks the same of the paper's setup
+follow or does not follow by default (`step-locked`: --updates step): they ask what each of its rules is
+worth. `--preset paper` asks the same of the paper's setup
 (128 H20, K = 2; disaggregated's split sized to each role's work unless `--split search`).
 """
 import argparse
@@ -53,20 +54,18 @@ CASES = {
     "prefill intake": ("pivot's engines take new work only as far as they prefill it within the round; the rest "
                        "waits at rank 0 for the planner and for slots that join the role (not in the loop)",
                        {}, {"prefill_intake": True}),
-    "deep pipeline": ("at K > 0 each update waits for its own step alone, with up to K + 1 steps in flight, each "
-                      "begun once weights K updates older than its own update are out (not in the loop, which "
-                      "rolls step u + K out to its end beside update u)", {}, {"deep_pipeline": True}),
+    "deep pipeline": ("step-locked at K > 0, each update waiting for its own step alone, with up to K + 1 steps "
+                      "in flight, each begun once weights K updates older than its own update are out (not in the "
+                      "loop, whose step-locked pipeline rolls step u + K out to its end beside update u)", {},
+                      {"deep_pipeline": True, "updates": "step"}),
     "carry running": ("as a step ends the engines go on with the next step's sequences where they are (not in "
                       "the loop, which exports them and prefills them again in the next step)", {},
                       {"carry_running": True}),
-    "deep + carry": ("deep pipeline and carry running together", {}, {"deep_pipeline": True, "carry_running": True}),
-    "spill tail": ("at K >= 2 a step ends once three quarters of its groups are judged; the rest go on in the next "
-                   "step and train with it, at most K updates after the weights that began them, the others K - 1 "
-                   "(the bound per sample, as the release's staleness buffers hold it; not in the loop, which holds "
-                   "it per step)", {}, {"spill_tail": 0.25}),
-    "spill half": ("spill tail, with up to half of a step's groups going on in the next", {}, {"spill_tail": 0.5}),
-    "spill + train 2x": ("spill tail, with training at twice the utilisation", {"{hw}.train_flops": 2.0},
-                        {"spill_tail": 0.25}),
+    "deep + carry": ("deep pipeline and carry running together", {},
+                     {"deep_pipeline": True, "carry_running": True, "updates": "step"}),
+    "step-locked": ("at K >= 2 each update waits for its step's slowest group, the pipeline K deep (pivot_train.py "
+                    "--updates step), instead of ending a step with up to half of its groups still out, which train "
+                    "an update later (--updates ready, the loop's default)", {}, {"updates": "step"}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }
@@ -108,7 +107,7 @@ def main():
         if group not in base["groups"]:
             raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
     sim_args = argparse.Namespace(calibration="h200", preset=args.preset, prompts=None, steps=args.steps,
-                                  seed=args.seed, max_staleness=k, search_split=args.split == "search", timeline=None)
+                                  max_staleness=k, updates="ready", search_split=args.split == "search", timeline=None)
     report = {}
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
     print(f"{args.gpus} devices, {args.preset} preset; paper: pivot@2/colocated@0 {clo}-{chi}, "
@@ -119,7 +118,7 @@ def main():
         for name in cases:
             asks, factors, changes = CASES[name]
             factors = {path.format(hw=hardware): factor for path, factor in factors.items()}
-            r = simulate(case_calibration(base, factors), group, args.gpus, sim_args, changes)
+            r = simulate(case_calibration(base, factors), group, args.gpus, sim_args, changes, seed=args.seed)
             coloc, pivot = r["placements"]["colocated@0"], r["placements"][f"pivot@{k}"]
             phases = coloc["phases_s"]
             total = sum(phases.values())

@@ -3,7 +3,8 @@ in colocated, disaggregated and pivot placements, the pivot one driven by planne
 pivot_train.py's --max-staleness K (pipeline.py). Every input figure comes from sim/calibration.json,
 with its source.
 
-    python -m sim --gpus 128 --model-group all [--max-staleness K] [--json PATH] [--sweep PNG]
+    python -m sim --gpus 128 --model-group all [--max-staleness K] [--updates ready|step] [--seeds 0,1,2]
+                  [--json PATH] [--sweep PNG]
     python -m sim --preset paper [--model-group G] [--json PATH]   (the paper's 128 H20 and its four groups)
     python -m sim --calibration cpu --measured placements.json --gpus 4   (bench/placements.py's figures)
     python -m sim ... --timeline DIR   (each run's timeline.jsonl and pictures, as pivot_train.py's)
@@ -11,17 +12,21 @@ with its source.
 At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper's release launches them
 (examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
 victor-yfzhao/psrl): colocated at 0 (its ranks do every phase in turn, so nothing would overlap),
-disaggregated and pivot at K, and pivot at 0 beside them; the runs at every K are timed over updates
-that roll out the same steps. Disaggregated's split is sized to each role's share of the work, or with
+disaggregated and pivot at K, and pivot at 0 beside them, under pivot_train.py's --updates (ready-first
+by default: sim.engine.RoundRules.updates); the runs at every K are timed over updates that roll out the
+same steps. With several --seeds each group runs at each seed, and the figures' mean over the seeds is
+kept beside each seed's. Disaggregated's split is sized to each role's share of the work, or with
 `--split search` is the best fixed split a search over splits finds (sim/split.py); `--preset paper`
 runs K = 2 and searches.
 """
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pipeline
 import planner
 import result_files
 from report import draw_timeline
@@ -47,10 +52,11 @@ def label(placement: str, k: int) -> str:
     return f"{placement}@{k}"
 
 
-def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None) -> dict:
-    """Every placement of `group` on `gpus` devices at its K (`runs`); `changes`: RoundRules fields that
-    differ from the loop's rounds (what-if runs)."""
-    rules = RoundRules()
+def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None, seed: int = 0) -> dict:
+    """Every placement of `group` on `gpus` devices at its K (`runs`), under --updates `args.updates`, with
+    lengths drawn from `seed`; `changes`: RoundRules fields that differ from the loop's rounds (what-if
+    runs)."""
+    rules = RoundRules(updates=args.updates)
     k = args.max_staleness
     placements, split = runs(k), None
     if args.calibration == "cpu":
@@ -79,7 +85,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     largest = max(s for _, s in placements)
 
     def run(placement: str, staleness: int, fixed: dict | None = None):
-        sim = Simulation(model, workload, slots, placement, seed=args.seed, config=config, split=fixed,
+        sim = Simulation(model, workload, slots, placement, seed=seed, config=config, split=fixed,
                          rules=rules, max_staleness=staleness)
         sim.spans = [] if args.timeline else None
         # At K > 0 every run skips one more update, so that the first timed step begins with what the
@@ -112,7 +118,8 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
         critical = r.critical_path_s  # the runs' timed updates roll out the same steps: one critical path
     rate = lambda name: out[name]["samples_per_s"] if name in out else None  # noqa: E731
     pivot = rate(label("pivot", k))
-    report = {"gpus": gpus, "max_staleness": k, "placements": out, "critical_path_s": critical,
+    report = {"gpus": gpus, "max_staleness": k, "updates": rules.updates, "seed": seed, "placements": out,
+              "critical_path_s": critical,
               "colocated0_over_critical_path": sum(out["colocated@0"]["step_s"]) / critical,
               f"pivot{k}_over_colocated0": pivot / rate("colocated@0"),
               f"pivot{k}_over_disaggregated{k}": pivot / rate(label("disaggregated", k))
@@ -136,7 +143,7 @@ def write_timeline(folder: Path, spans: list[dict], slots: int) -> None:
 
 def print_group(group: str, r: dict, paper: bool) -> None:
     k = r["max_staleness"]
-    print(f"\n{group} on {r['gpus']} devices")
+    print(f"\n{group} on {r['gpus']} devices, seed {r['seed']}, --updates {r['updates']}")
     print(f"  {'placement@K':<17}{'samples/s':>10}{'tokens/s':>10}{'step s':>8}{'bound s':>9}{'/bound':>7}{'busy':>6}"
           f"{'shifts':>8}{'mean shift s':>13}{'rounds/step':>12}  roles at start (devices)")
     for name, p in r["placements"].items():
@@ -169,26 +176,55 @@ def print_group(group: str, r: dict, paper: bool) -> None:
             print(f"  {key:<28}{r[key]:>6.2f}x" + (f"   paper {lo:.2f}-{hi:.2f}x" if paper and lo else ""))
 
 
-def print_summary(results: dict, k: int) -> None:
-    """The paper's table: each group's ratios beside the paper's ranges (arXiv 2610.16866, 128 H20)."""
+def ratios(k: int) -> list[str]:
+    """Pivot's ratios at K, as a group's report names them."""
+    return [f"pivot{k}_over_colocated0", f"pivot{k}_over_disaggregated{k}", "pivot0_over_colocated0",
+            f"pivot{k}_over_bound"]
+
+
+def seed_mean(reports: list[dict]) -> dict:
+    """A group's figures over its seeds' `reports`: the mean of each of pivot's ratios (None where a run
+    is missing, as disaggregated is where it cannot be placed) and of each placement's seconds per step."""
+    k = reports[0]["max_staleness"]
+    mean = {key: statistics.mean(r[key] for r in reports) if reports[0][key] is not None else None
+            for key in ratios(k)}
+    mean["step_s"] = {name: statistics.mean(statistics.mean(r["placements"][name]["step_s"]) for r in reports)
+                      for name in reports[0]["placements"]}
+    return mean
+
+
+def print_summary(results: dict, k: int, updates: str, paper: bool) -> None:
+    """A line per group: pivot's ratios, their mean over the seeds with each seed's lowest and highest
+    beside it where there are several, then disaggregated's split (the first seed's); at the paper preset
+    the paper's ranges head the table (arXiv 2610.16866, 128 H20)."""
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
-    print(f"\n{'group':<30}{f'pivot@{k}/colocated@0':>22}{f'pivot@{k}/disaggregated@{k}':>26}"
-          f"{'pivot@0/colocated@0':>21}{f'pivot@{k}/bound':>15}  disaggregated@{k} split (GPUs)")
-    for group, r in results.items():
-        split = r.get(f"disaggregated{k}_split", {})
-        print(f"{group:<30}{r[f'pivot{k}_over_colocated0']:>8.2f}x (paper {clo:.2f}-{chi:.2f})"
-              f"{r[f'pivot{k}_over_disaggregated{k}']:>12.2f}x (paper {dlo:.2f}-{dhi:.2f})"
-              f"{r['pivot0_over_colocated0']:>20.2f}x{r[f'pivot{k}_over_bound']:>14.2f}x  "
-              + ", ".join(f"{role} {n}" for role, n in split.items()))
+    seeds = list(next(iter(results.values()))["seeds"])
+    print(f"\n--updates {updates}, seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+          + (": the mean over the seeds (the lowest-highest seed)" if len(seeds) > 1 else "")
+          + (f"; paper: pivot@{k}/colocated@0 {clo:.2f}-{chi:.2f}x, pivot@{k}/disaggregated@{k} {dlo:.2f}-{dhi:.2f}x"
+             if paper else ""))
+    names = [f"pivot@{k}/colocated@0", f"pivot@{k}/disaggregated@{k}", "pivot@0/colocated@0", f"pivot@{k}/bound"]
+    print(f"{'group':<30}" + "".join(name.rjust(26) for name in names) + f"  disaggregated@{k} split (GPUs)")
+    for group, g in results.items():
+        cells = []
+        for key in ratios(k):
+            if g["mean"][key] is None:
+                cells.append("-".rjust(26))
+                continue
+            each = [r[key] for r in g["seeds"].values()]
+            spread = f" ({min(each):.2f}-{max(each):.2f})" if len(each) > 1 else ""
+            cells.append(f"{g['mean'][key]:.2f}x{spread}".rjust(26))
+        split = next(iter(g["seeds"].values())).get(f"disaggregated{k}_split", {})
+        print(f"{group:<30}" + "".join(cells) + "  " + ", ".join(f"{role} {n}" for role, n in split.items()))
 
 
-def sweep(cal: dict, groups: list[str], args) -> dict:
+def sweep(cal: dict, groups: list[str], args, seed: int) -> dict:
     k, curves = args.max_staleness, {}
     args = argparse.Namespace(**{**vars(args), "timeline": None})  # the pictures are of --gpus alone
     for group in groups:
         for gpus in SWEEP_GPUS:
             try:
-                r = simulate(cal, group, gpus, args)
+                r = simulate(cal, group, gpus, args, seed=seed)
             except (SystemExit, ValueError) as e:  # too few devices for this group's split or TP
                 print(f"  sweep: {group} at {gpus} devices skipped: {e}", file=sys.stderr)
                 continue
@@ -236,7 +272,12 @@ def main(argv=None):
     p.add_argument("--calibration-file", default=None, help="another calibration.json")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step instead of the calibrated figure")
     p.add_argument("--steps", type=int, default=2, help="timed updates per run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--updates", choices=pipeline.UPDATES, default="ready",
+                   help="pivot_train.py's --updates at K >= 2: ready (ready-first, a bound per group) or step "
+                        "(step-locked; pipeline.py)")
+    p.add_argument("--seeds", "--seed", default="0", metavar="0,1,2",
+                   help="the seeds of the lengths drawn, comma-separated: each group runs at each, and the JSON "
+                        "keeps each seed's figures and their mean")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--timeline", metavar="DIR", help="write each run's timeline.jsonl, timeline.png and "
                    "timeline_step.png (a slot per rank, as a run of pivot_train.py draws them) under DIR/GROUP/PLACEMENT@K")
@@ -249,6 +290,10 @@ def main(argv=None):
     args.search_split = (args.split or ("search" if paper else "share")) == "search"
     if args.max_staleness < 0:
         raise SystemExit(f"--max-staleness {args.max_staleness}: 0 or more")
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds {args.seeds}: whole numbers, comma-separated (0,1,2)")
     try:
         cal = preset(load(args.calibration_file) if args.calibration_file else load(), args.preset)
     except CalibrationError as e:
@@ -265,15 +310,20 @@ def main(argv=None):
                                  f"or all")
     results = {}
     for group in groups:
-        results[group] = simulate(cal, group, args.gpus, args)
-        print_group(group, results[group], paper=args.calibration == "h200")
-    if paper:
-        print_summary(results, args.max_staleness)
+        by_seed = {}
+        for seed in seeds:
+            run_args = args
+            if args.timeline and len(seeds) > 1:  # each seed's timelines apart
+                run_args = argparse.Namespace(**{**vars(args), "timeline": str(Path(args.timeline) / f"seed{seed}")})
+            by_seed[str(seed)] = simulate(cal, group, args.gpus, run_args, seed=seed)
+            print_group(group, by_seed[str(seed)], paper=args.calibration == "h200")
+        results[group] = {"mean": seed_mean(list(by_seed.values())), "seeds": by_seed}
+    print_summary(results, args.max_staleness, args.updates, paper)
     report = {"gpus": args.gpus, "preset": args.preset, "calibration": args.calibration,
-              "max_staleness": args.max_staleness, "groups": results,
+              "max_staleness": args.max_staleness, "updates": args.updates, "seeds": seeds, "groups": results,
               "paper": {key: list(v) for key, v in PAPER.items()}}
     if args.sweep:
-        report["sweep"] = sweep(cal, groups, args)
+        report["sweep"] = sweep(cal, groups, args, seeds[0])
         draw(report["sweep"], args.sweep, args.max_staleness)
     if args.json:
         result_files.write(args.json, report)

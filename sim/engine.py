@@ -14,6 +14,10 @@ the step starts: disaggregated's train slots, and pivot's where the planner send
 them while the step rolls out and judges; once through they make the update, it is published at the
 round after, and the next step begins beside this one's tail (book.Book.extend and carry, the book the
 loop's StepQueues keeps too), by the same rules (shifting/book.py update_due, publish_due, ahead_step).
+Under --updates ready (the loop's default; RoundRules.updates) at K >= 2 the pipeline is K - 1 deep and a
+step ends once it and the next step have judged as many groups as an update trains, those carried in
+among them; the update takes the groups judged first and the rest go on in the next step and train with
+it (book.Book.may_end, spill); under --updates step every step ends with all its groups judged.
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
@@ -62,10 +66,22 @@ STATES = ROLES + tuple(f"{r} idle" for r in ROLES) + ("waiting", "shifting", "ex
 
 @dataclass(frozen=True)
 class RoundRules:
-    """How pivot_train.py sizes and ends a round: the scheduling book's figures (shifting/book.py: the
-    --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
-    EMPTY_SHARE and the engine step's seconds before any is measured), which what-if runs (bench/sim_whatif.py) may
-    change, two switches that turn its rules off, and three that add rules it lacks:
+    """How pivot_train.py sizes and ends a round and a step: the scheduling book's figures (shifting/book.py:
+    the --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
+    EMPTY_SHARE and the engine step's seconds before any is measured) and the loop's --updates, which
+    what-if runs (bench/sim_whatif.py) may change, two switches that turn its rules off, and three that add
+    rules it lacks:
+      updates             --updates (pipeline.UPDATES): "ready", the loop's default, runs the pipeline at
+                          K - 1 at --max-staleness K >= 2 (pipeline.depth), and ends a step's rounds once the
+                          next step has begun and the two have judged as many groups as an update trains, every
+                          group carried in from the step before among them (book.Book.may_end); the update
+                          takes those judged first and the rest go on in the next step (Book.spill, Book.carry)
+                          and train with it, an update later, K updates after the weights that began them, the
+                          rest K - 1 (or K - 2, taken from the next step). The bound per group, as
+                          the paper's release keeps it in its staleness buffers (victor-yfzhao/psrl
+                          pivotrl/workers/ps/staleness_controller.py: a sample begun under version v may enter
+                          the buffers of updates v to v + K). "step": step-locked, the pipeline K deep, every
+                          step's rounds running until all its groups are judged. At K = 0 and 1 the two are one
       step_on             a slot that reaches the round's limit with work in hand keeps stepping until
                           every slot has reached it (off: it stops and waits for the round's end)
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
@@ -75,22 +91,14 @@ class RoundRules:
                           the round (one request at least); the rest waits at rank 0, where the planner sees
                           it and a slot that joins the role can take it (off, as the loop does: up to the
                           engine's room)
-      deep_pipeline       at --max-staleness K > 0 an update waits for its own step alone: each update's
-                          rounds end once the next update's step is judged, while the K - 1 after it roll
-                          on, and step s begins as soon as weights s - K are published, so K + 1 steps are
-                          in flight at most (off, as the loop does: each update's rounds roll step u + K
-                          out to its end, and one step begins ahead of it; pipeline.py)
+      deep_pipeline       with updates "step" at --max-staleness K > 0, an update waits for its own step
+                          alone: each update's rounds end once the next update's step is judged, while the
+                          K - 1 after it roll on, and step s begins as soon as weights s - K are published, so
+                          K + 1 steps are in flight at most (off, as the loop does: each update's rounds roll
+                          step u + K out to its end, and one step begins ahead of it; pipeline.py)
       carry_running       as a step ends, the engines go on with the next steps' sequences where they are,
                           renumbered in the next step's book (off, as the loop does: they export them, and
-                          the next step queues them first and prefills each again where it lands)
-      spill_tail          at --max-staleness K >= 2 the pipeline runs one step shallower (K - 1), and a step's
-                          rounds end once all but this share of its groups are judged, with those carried in
-                          from the step before: the groups still out go on in the next step (begun during
-                          this one) and are trained with it, an update later, K updates after the weights that
-                          began them; the rest are K - 1 behind. The bound at sample grain, as the release's
-                          staleness buffers hold it (victor-yfzhao/psrl
-                          pivotrl/workers/ps/staleness_controller.py: a sample begun at version v may enter the
-                          buffers of v to v + K), where the loop's K is per step (0: off, as the loop does)"""
+                          the next step queues them first and prefills each again where it lands)"""
     round_steps: int = book.ROUND_STEPS
     notice_s: float = book.NOTICE_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -102,7 +110,11 @@ class RoundRules:
     prefill_intake: bool = False
     deep_pipeline: bool = False
     carry_running: bool = False
-    spill_tail: float = 0.0
+    updates: str = "ready"
+
+    def __post_init__(self):
+        if self.updates not in pipeline.UPDATES:
+            raise ValueError(f"RoundRules: updates {self.updates!r}: one of {', '.join(pipeline.UPDATES)}")
 
 
 @dataclass(frozen=True)
@@ -184,6 +196,12 @@ class Step(book.Book):
     def members(self, group: int) -> slice:
         return slice(group * self.group_size, (group + 1) * self.group_size)
 
+    def begun_here(self) -> slice:
+        """The samples the step began: not the groups carried in at its head from the step before
+        (--updates ready: book.Book.spill), whose work that step's bounds count, nor those of the steps
+        begun after it."""
+        return slice(self.carried_in * self.group_size, self.n)
+
     def judge_all(self) -> None:
         """Every sample generated and judged, as its rounds would leave it: for a step whose rounds
         change nothing that follows them."""
@@ -204,11 +222,14 @@ class Simulation:
         self.max_staleness = max_staleness
         self.rng = np.random.default_rng(seed)
         self.config, self.rules = config, rules
-        if rules.spill_tail and rules.deep_pipeline:
-            raise ValueError("RoundRules: spill_tail and deep_pipeline are two pipelines; pick one")
         # The pipeline's shape, decided once: how far ahead of the update the step its rounds roll out to its
-        # end is, whether up to K steps begin ahead of that one (deep_pipeline), and how many updates older
-        # than its own update's weights a step begins under
+        # end is, whether a step may end with groups still out (--updates ready), whether up to K steps begin
+        # ahead of that one (deep_pipeline), and how many updates older than its own update's weights a step
+        # begins under
+        self.ready = pipeline.depth(max_staleness, rules.updates) < max_staleness
+        if self.ready and rules.deep_pipeline:
+            raise ValueError("RoundRules: deep_pipeline is a what-if of the step-locked pipeline; at --max-staleness "
+                             f"{max_staleness} pass updates='step' with it")
         self.pipe = self.pipe_depth(max_staleness, rules)
         self.deep = rules.deep_pipeline and self.pipe < max_staleness
         self.lag = max_staleness if self.deep else self.pipe
@@ -250,13 +271,13 @@ class Simulation:
     def run(self, steps: int, skip: int = 0) -> Result:
         """`skip` updates, then `steps` timed ones, as pivot_train.py orders them (pipeline.rollouts):
         each timed from the start of the rollout beside it to its new weights loaded everywhere. At K > 0
-        the run first rolls out and judges the pipeline's K fill steps and ends with the K updates that
-        roll nothing out; neither is timed, so each timed update trains one step while another rolls
-        out. The run goes on past its last timed step as a longer one would: that step begins the next
-        (book.ahead_step), which the first of the K last updates rolls out to its end, untimed. So at K > 0
-        a timed step after the first update begins with the work the step before began, and begins the
-        next, as every step in the middle of a long run does. Runs at several K skip so that their timed
-        updates roll out the same steps (at K = 0 and K = 2, skip 3 and 1: steps 3 and 4 for two timed
+        the run first rolls out and judges the pipeline's fill steps (as many as it is deep) and ends with
+        the updates that roll nothing out; neither is timed, so each timed update trains one step while
+        another rolls out. The run goes on past its last timed step as a longer one would: that step begins
+        the next (book.ahead_step), which the first of the last updates rolls out, untimed. So at K > 0 a
+        timed step after the first update begins with the work the step before began, and begins the next,
+        as every step in the middle of a long run does. Runs at several depths skip so that their timed
+        updates roll out the same steps (depth 0 and 2, skip 3 and 1: steps 3 and 4 for two timed
         updates)."""
         k, pipe, deep = self.max_staleness, self.pipe, self.deep
         last = skip + steps + pipe
@@ -325,11 +346,12 @@ class Simulation:
     @staticmethod
     def pipe_depth(max_staleness: int, rules: RoundRules) -> int:
         """How many updates after its rollout a step is trained in the update whose rounds roll it out to
-        its end: K (pipeline.py), or 1 under deep_pipeline, whose steps begin up to K ahead of it, or K - 1
-        under spill_tail, whose slowest groups go on into the step after."""
-        if rules.spill_tail:
-            return pipeline.depth(max_staleness, "ready")
-        return min(max_staleness, 1) if rules.deep_pipeline else max_staleness
+        its end: the loop's (pipeline.depth: K step-locked, K - 1 ready-first at K >= 2, whose groups still
+        out as a step ends go on into the step after), or 1 under deep_pipeline, whose steps begin up to K
+        ahead of it."""
+        if rules.deep_pipeline:
+            return min(max_staleness, 1)
+        return pipeline.depth(max_staleness, rules.updates)
 
     def _begin(self, head: Step, last: int, version: int) -> None:
         """deep_pipeline: every step up to `last` not begun yet begins now, under weights `version`, behind
@@ -358,7 +380,7 @@ class Simulation:
             self._ingest()
             if self.rollout_end is None and step.generated == step.n:
                 self.rollout_end = self.now
-            if step.done() or self.rules.spill_tail and step.may_end():
+            if step.done() or self.ready and step.may_end():
                 break
             if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()
@@ -376,7 +398,7 @@ class Simulation:
                 assert moving, "a round in which no slot could work"
                 self._wait_until(min(moving))
         self.judge_end = self.now
-        if self.rollout_end is None:  # spill_tail: the step ended with responses still to come
+        if self.rollout_end is None:  # --updates ready: the step ended with responses still to come
             self.rollout_end = self.now
         if step is not None and step.aheads:
             self._carry(step)
@@ -386,7 +408,7 @@ class Simulation:
     def _carry(self, step: Step) -> list[int]:
         """The engines export the next step's sequences, in slot order, which go on in it (Step.carry); or,
         under carry_running, keep them, renumbered as the next step's book numbers them."""
-        number = None if step.done() else step.spill()  # spill_tail: its groups still out go on in the next
+        number = None if step.done() else step.spill()  # --updates ready: its groups still out go on in the next
         exported = []
         for slot in self.slots:
             if number is not None:
@@ -640,8 +662,8 @@ class Simulation:
         judged alone, at batch 1, with no shift, each reported to rank 0 in a round's exchange, then the
         update on every slot, of that sample's group where pivot trains groups early, else of all, and
         publishing. Each engine step is charged the context at the start of its block of
-        `block` tokens (steps only grow with context); the candidates are the samples longest in
-        response, critique and both."""
+        `block` tokens (steps only grow with context); the candidates are the samples it began
+        (Step.begun_here) longest in response, critique and both."""
         m, n, g = self.model, len(self.slots), step.group_size
         early = self.config is not None and self.config.early_train
         exchange = min(m.exchange_seconds(p, n) for p in ("colocated", "pivot"))
@@ -650,7 +672,8 @@ class Simulation:
             return sum(m.engine_step_seconds(role, 1, context + k) * min(block, tokens - k)
                        for k in range(0, tokens, block))
 
-        top = lambda x: np.argsort(x[:step.n])[-8:].tolist()  # noqa: E731 (its own samples, not those begun after it)
+        own = step.begun_here()
+        top = lambda x: (own.start + np.argsort(x[own])[-8:]).tolist()  # noqa: E731
         candidates = set(top(step.length)) | set(top(step.critique)) | set(top(step.length + step.critique))
         judge_prompt = step.prompt + step.judge_template
         return max(step.prompt / m.prefill_per_s[Role.ROLLOUT] + alone(Role.ROLLOUT, step.prompt, int(step.length[i]))
@@ -661,16 +684,16 @@ class Simulation:
                    for i in candidates) + 2 * exchange + m.publish_seconds(n)
 
     def _work_bound(self, step: Step, update: Step) -> float:
-        """A lower bound on the update's seconds from its work alone: `step`'s decoding, judging and
-        prefill and `update`'s training, each at the least slot-seconds the cost model allows per token
-        (CostModel.token_seconds: the best batch, and each decode step's context as it grows token by
-        token), spread evenly over every slot (over the cores, where slots share fewer), with no shift,
-        exchange, idling or publishing."""
+        """A lower bound on the update's seconds from its work alone: the decoding, judging and prefill
+        of the samples `step` began (Step.begun_here) and `update`'s training, each at the least
+        slot-seconds the cost model allows per token (CostModel.token_seconds: the best batch, and each
+        decode step's context as it grows token by token), spread evenly over every slot (over the cores,
+        where slots share fewer), with no shift, exchange, idling or publishing."""
         m, judge_prompt = self.model, step.prompt + step.judge_template
         slots = min(len(self.slots), m.cores or len(self.slots))
         seconds = 0.0
-        own = slice(step.n)  # not the steps begun after it
-        for role, prompts, lengths in ((Role.ROLLOUT, np.full(step.n, step.prompt), step.length[own]),
+        own = step.begun_here()
+        for role, prompts, lengths in ((Role.ROLLOUT, np.full(own.stop - own.start, step.prompt), step.length[own]),
                                        (Role.JUDGE, judge_prompt + step.length[own], step.critique[own])):
             per_token, per_context = m.token_seconds(role)
             prompts, lengths = prompts.astype(np.float64), lengths.astype(np.float64)

@@ -21,7 +21,7 @@ from pathlib import Path
 import planner
 from roles import ROLES, Role
 from sim.calibration import CpuModel, cpu_workload, load
-from sim.engine import Round, Simulation
+from sim.engine import Round, RoundRules, Simulation
 
 
 class Diverged(Exception):
@@ -35,9 +35,10 @@ class Replay(Simulation):
     then orders and what the loop ordered is kept in `differences`."""
 
     def __init__(self, model, workload, slots: int, placement: str, max_staleness: int,
-                 split: dict[str, int] | None = None):
+                 split: dict[str, int] | None = None, updates: str = "step"):
         config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
-        super().__init__(model, workload, slots, placement, config=config, max_staleness=max_staleness, split=split)
+        super().__init__(model, workload, slots, placement, config=config, max_staleness=max_staleness, split=split,
+                         rules=RoundRules(updates=updates))
         self.differences: list[str] = []
 
     def replay(self, steps: list[dict]) -> list[str]:
@@ -140,11 +141,11 @@ class Replay(Simulation):
 
 
 def replay(measured: dict, steps: list[dict], placement: str, max_staleness: int,
-           split: str | None = None) -> list[str]:
-    """A recorded run (`steps`: rounds.jsonl's lines) of `placement` at --max-staleness `max_staleness`
-    (disaggregated at --split `split`), on the ranks its rounds report from, replayed on the cost model
-    of `measured` (bench/placements.py's JSON: shifts and publishes take the time they took there, which
-    moves no order): its differences."""
+           split: str | None = None, updates: str = "step") -> list[str]:
+    """A recorded run (`steps`: rounds.jsonl's lines) of `placement` at --max-staleness `max_staleness` and
+    --updates `updates` (disaggregated at --split `split`), on the ranks its rounds report from, replayed on
+    the cost model of `measured` (bench/placements.py's JSON: shifts and publishes take the time they took
+    there, which moves no order): its differences."""
     ranks = len(steps[0]["rounds"][0]["reports"])
     line = next((line for line in steps if line["samples"]), steps[0])
     workload = replace(cpu_workload(measured), prompts=line["samples"] // line["group_size"],
@@ -153,27 +154,30 @@ def replay(measured: dict, steps: list[dict], placement: str, max_staleness: int
     if placement == "disaggregated":
         roles = planner.parse_split(split, ranks)
         fixed = {role: roles.count(role) for role in ROLES}
-    return Replay(CpuModel(load(), measured), workload, ranks, placement, max_staleness, fixed).replay(steps)
+    return Replay(CpuModel(load(), measured), workload, ranks, placement, max_staleness, fixed,
+                  updates).replay(steps)
 
 
 def replay_bench(measured: dict) -> dict[str, list[str]]:
     """Every run whose rounds bench/placements.py kept (`measured["rounds"]`, by placement@K), replayed:
-    the differences of each."""
+    the differences of each. A bench that names no --updates ran the loop before it had one: step-locked."""
     out = {}
     for name, steps in measured["rounds"].items():
         placement, k = name.split("@")
-        out[name] = replay(measured, steps, placement, int(k), measured["split"])
+        out[name] = replay(measured, steps, placement, int(k), measured["split"], measured.get("updates", "step"))
     return out
 
 
 def replay_run(run: Path, measured: dict) -> list[str]:
-    """A run of pivot_train.py --trace-rounds in `run`, replayed as its config.json launched it."""
+    """A run of pivot_train.py --trace-rounds in `run`, replayed as its config.json launched it (step-locked
+    where it names no --updates: the loop had none then)."""
     config = json.loads((run / "config.json").read_text())
     if config["filter_groups"] or config["on_parse_failure"] == "retry":
         raise SystemExit(f"{run} ran with --filter-groups or --on-parse-failure retry, whose admissions and retries "
                          f"the simulator does not model: replay a run without them")
     steps = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
-    return replay(measured, steps, config["placement"], config["max_staleness"], config["split"])
+    return replay(measured, steps, config["placement"], config["max_staleness"], config["split"],
+                  config.get("updates", "step"))
 
 
 def main():

@@ -16,7 +16,7 @@ from roles.rollout import Sample
 from shifting.placement import Placement, PlacementOptions
 from shifting.scheduler import NO_EARLY, Report, Rounds, SamplingOptions, StepQueues, _decide
 from sim import calibration as C
-from sim.engine import Simulation, Step
+from sim.engine import RoundRules, Simulation, Step
 
 G = 2
 SAMPLING = SamplingOptions(group_size=G, seed=0, temperature=1.0, max_response_tokens=8, workload="task")
@@ -130,7 +130,8 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
     cal = C.load()
     model = C.GpuModel(cal, "dense-8b-32b")
     sim = Simulation(model, C.gpu_workload(cal, 4), 8, placement, max_staleness=max_staleness,
-                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots),
+                     rules=RoundRules(updates="step"))
     extended, extend = [], Step.extend
     monkeypatch.setattr(Step, "extend", lambda step, ahead: (extended.append(ahead.index), extend(step, ahead)))
     sim.run(steps)
@@ -152,7 +153,8 @@ def test_an_update_not_made_during_the_step_is_made_after_it_by_the_slots_that_t
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
     sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2,
-                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots),
+                     rules=RoundRules(updates="step"))
     moves, ends, apply, finish = [], [], sim._apply, sim._finish
 
     def record_apply(roles, grads):
@@ -189,6 +191,6 @@ def test_the_loop_and_the_simulator_choose_who_makes_the_update_by_the_book(book
     assert pivot_train.to_train(context, placement, {"alone": False}) == ["train", "train"]
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
-    Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2,
+    Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2, rules=RoundRules(updates="step"),
                config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)).run(2)
     assert {who for who, _, _, _ in asked} == {"shifting.placement", "sim.engine"}

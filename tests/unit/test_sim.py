@@ -36,9 +36,9 @@ def run(cal, placement, slots=8, prompts=8, steps=2, group="dense-8b-32b", rules
 
 @pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
 def test_the_deep_pipeline_keeps_the_bound_with_up_to_k_plus_one_steps_in_flight(cal, monkeypatch, placement):
-    """The deep_pipeline what-if at K = 2: update u trains step u, sampled by weights at most K older; up to
-    K + 1 steps are in flight at once, each begun under the weights its update may be K ahead of; every
-    sample of a trained step is generated and judged once."""
+    """The deep_pipeline what-if (of the step-locked pipeline) at K = 2: update u trains step u, sampled by
+    weights at most K older; up to K + 1 steps are in flight at once, each begun under the weights its
+    update may be K ahead of; every sample of a trained step is generated and judged once."""
     in_flight, begun, extend = [], [], Step.extend
 
     def extended(step, ahead):
@@ -47,7 +47,7 @@ def test_the_deep_pipeline_keeps_the_bound_with_up_to_k_plus_one_steps_in_flight
         begun.append((ahead.index, ahead.version))
 
     monkeypatch.setattr(Step, "extend", extended)
-    sim, result, _ = run(cal, placement, rules=RoundRules(deep_pipeline=True), staleness=2, steps=3)
+    sim, result, _ = run(cal, placement, rules=RoundRules(deep_pipeline=True, updates="step"), staleness=2, steps=3)
     assert [(u, s) for u, s, _ in result.trained] == [(u, u) for u in range(len(result.trained))]
     assert all(0 <= u - version <= 2 for u, _, version in result.trained)
     assert max(in_flight) == 3 and all(0 <= index - version <= 2 for index, version in begun)
@@ -62,7 +62,7 @@ def test_carried_sequences_go_on_where_they_run_and_lose_nothing(cal, monkeypatc
     exported, trained, carry, finish = [], [], Simulation._carry, Simulation._finish
     monkeypatch.setattr(Simulation, "_carry", lambda sim, step: exported.append(carry(sim, step)) or exported[-1])
     monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (trained.append(step), finish(sim, step)))
-    rules = RoundRules(carry_running=True, deep_pipeline=deep)
+    rules = RoundRules(carry_running=True, deep_pipeline=deep, updates="step" if deep else "ready")
     _, result, _ = run(cal, "pivot", rules=rules, staleness=2, steps=3)
     assert exported and all(e == [] for e in exported)
     assert [(u, s) for u, s, _ in result.trained] == [(u, u) for u in range(len(result.trained))]
@@ -70,21 +70,59 @@ def test_carried_sequences_go_on_where_they_run_and_lose_nothing(cal, monkeypatc
 
 
 @pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
-def test_a_spilled_tail_goes_on_in_the_next_step_and_keeps_the_bound(cal, monkeypatch, placement):
-    """The spill_tail what-if at K = 2: the pipeline runs at K - 1, and a step ends with up to a quarter of
-    its groups still out, which go on in the next step and are trained with it: every sample is generated,
-    judged and trained once, none more than K updates after the weights that began it, the rest K - 1."""
-    trained, finish = [], Simulation._finish
+def test_ready_first_spills_a_tail_into_the_next_step_and_keeps_the_bound(cal, monkeypatch, placement):
+    """The loop's default, --updates ready, at K = 2: the pipeline runs at K - 1, and a step ends once it and
+    the next have judged an update's worth of groups; the update takes those judged first and the rest go
+    on in the next step and are trained with it: every sample is generated, judged and trained once, none
+    more than K updates after the weights that began it, some groups carried into the next step at K, the
+    rest K - 1 (or fresher, of the next step)."""
+    trained, finish, bounded, bound = [], Simulation._finish, [], Simulation._work_bound
     monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (trained.append(step), finish(sim, step)))
-    _, result, _ = run(cal, placement, rules=RoundRules(spill_tail=0.25), staleness=2, steps=3)
+    monkeypatch.setattr(Simulation, "_work_bound", lambda sim, step, update: (
+        bounded.append((step.carried_in, len(range(step.n)[step.begun_here()]))), bound(sim, step, update))[1])
+    sim, result, _ = run(cal, placement, staleness=2, steps=3)
+    assert sim.pipe == 1 and sim.ready
+    # A timed step's bounds count the work of the samples it began, not again that of the groups carried in
+    # (nor that of its groups the step before took, judged, into its update)
+    assert any(carried for carried, _ in bounded) and all(began <= 8 * 16 for _, began in bounded)
     assert [s for _, s, _ in result.trained] == list(range(len(trained)))
     stale = [u - step.began for (u, _, _), step in zip(result.trained, trained)]
     assert all(s.max() <= 2 for s in stale)
-    after_fill = np.concatenate(stale[2:])  # update 0 trains the fill step under the weights that began it
-    # the next step's groups judged first train a version fresher (0), this step's last an update later (2)
+    after_fill = np.concatenate(stale[1:])  # update 0 trains the fill step under the weights that began it
+    # the next step's groups judged first train a version fresher (0), a step's last an update later (2)
     assert 2 in set(after_fill) <= {0, 1, 2} and (after_fill == 1).sum() > (after_fill == 2).sum()
-    assert any(step.carried_in for step in trained) and {step.n for step in trained[:-1]} == {trained[0].batch * trained[0].group_size}
+    carried = [step for step in trained if step.carried_in]
+    assert carried
+    for step in carried:  # its head: the groups carried in, at the bound; the rest its own or the next step's
+        u = next(u for (u, _, _), s in zip(result.trained, trained) if s is step)
+        head = step.carried_in * step.group_size
+        assert (u - step.began[:head] == 2).all() and (u - step.began[head:] <= 1).all()
     assert all((s.gen == s.length).all() and (s.cgen == s.critique).all() and s.through() for s in trained)
+    # every update but the run's last (whose step begins nothing ahead) trains as many groups as a step draws
+    assert {step.n for step in trained[:-1]} == {8 * 16}
+
+
+@pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
+def test_step_locked_updates_train_step_u_in_update_u_at_lag_k(cal, monkeypatch, placement):
+    """--updates step at K = 2: the pipeline runs K deep and every step ends with all its groups judged:
+    update u trains all of step u, and every sample of a step rolled out beside an update is exactly K
+    updates old when it trains (the fill steps, begun under the first weights, less)."""
+    trained, finish = [], Simulation._finish
+    monkeypatch.setattr(Simulation, "_finish", lambda sim, step: (trained.append(step), finish(sim, step)))
+    sim, result, _ = run(cal, placement, rules=RoundRules(updates="step"), staleness=2, steps=3)
+    assert sim.pipe == 2 and not sim.ready
+    assert [(u, s) for u, s, _ in result.trained] == [(u, u) for u in range(len(trained))]
+    assert all(step.n == 8 * 16 and not step.carried_in for step in trained)
+    assert [set(u - step.began) for (u, _, _), step in zip(result.trained, trained)] == \
+        [{0}, {1}] + [{2}] * (len(trained) - 2)
+
+
+def test_the_deep_pipeline_is_a_what_if_of_the_step_locked_one(cal):
+    with pytest.raises(ValueError, match="pass updates='step' with it"):
+        run(cal, "pivot", rules=RoundRules(deep_pipeline=True), staleness=2)
+    with pytest.raises(ValueError, match="updates 'steps': one of ready, step"):
+        RoundRules(updates="steps")
+    run(cal, "pivot", rules=RoundRules(deep_pipeline=True), staleness=1, steps=1)  # K = 1: both are one
 
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated", "pivot"])
@@ -283,8 +321,8 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
             C.CpuModel(cal, {k: v for k, v in measured.items() if k != key})
     model = C.CpuModel(cal, measured)
     assert model.shift_seconds("rollout", "judge", 4, False) == measured["shift_s"]["rollout->judge"]  # the runs' own
-    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
-                              preset="h200", max_staleness=0, search_split=False, timeline=None)
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), steps=2, prompts=None,
+                              preset="h200", max_staleness=0, updates="ready", search_split=False, timeline=None)
     r = simulate(cal, "cpu", measured["nproc"], args)
     assert r["placements"]["disaggregated@0"]["split"] == {"rollout": 2, "judge": 1, "train": 1}
     for p in r["placements"].values():
@@ -318,8 +356,9 @@ def test_the_timeline_accounts_for_every_slots_work_and_shifts(cal, placement, s
 
 def test_the_timeline_is_written_and_drawn_as_a_runs(cal, tmp_path):
     measured = json.loads(BENCH_JSON.read_text())
-    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), seed=0, steps=2, prompts=None,
-                              preset="h200", max_staleness=2, search_split=False, timeline=str(tmp_path))
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), steps=2, prompts=None,
+                              preset="h200", max_staleness=2, updates="ready", search_split=False,
+                              timeline=str(tmp_path))
     r = simulate(cal, "cpu", measured["nproc"], args)
     for name in r["placements"]:
         folder = tmp_path / "cpu" / name
@@ -437,7 +476,7 @@ def test_the_pipeline_rule_orders_steps_as_the_loop_did():
 
 @pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
 def test_at_k2_every_step_trains_once_and_never_beyond_the_bound(cal, placement):
-    sim, result, _ = run(cal, placement, staleness=2)
+    sim, result, _ = run(cal, placement, staleness=2, rules=RoundRules(updates="step"))
     # Two timed updates, then the two that roll nothing out; the two fill steps rolled out before any.
     assert [u for u, _, _ in result.trained] == [0, 1, 2, 3]
     assert [step for _, step, _ in result.trained] == [0, 1, 2, 3]  # update u trains step u, each once
