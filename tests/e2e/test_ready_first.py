@@ -4,10 +4,12 @@ finish in, every prompt drawn has its G responses judged once and trained once, 
 versions of the weights that sampled each of its tokens; what a step's end leaves out is trained in the
 update after, and a run killed mid-pipeline resumes with the same guarantees."""
 import collections
+import json
 
 import pytest
 
-from conftest import metrics, restarted, samples, small_run
+from conftest import BENCH_JSON, metrics, restarted, samples, small_run
+from sim.replay import replay_run
 
 STEPS, PROMPTS, G, K = 6, 8, 4, 2
 
@@ -47,9 +49,12 @@ def holds_the_bound_group_by_group(out) -> list[dict]:
 
 @pytest.mark.parametrize("placement", ["colocated-ready", "pivot-ready", "forced-ready", "disaggregated-ready"])
 def test_updates_take_the_groups_judged_first_within_the_bound(tmp_path, placement):
+    """Its rounds, replayed through the simulator's book (sim/replay.py), give the orders the loop gave,
+    the steps' ends and what they leave to the next among them: both follow book.Book.may_end and spill."""
     out = tmp_path / "run"
     small_run(out, placement, steps=STEPS)
     records = holds_the_bound_group_by_group(out)
+    assert replay_run(out, json.loads(BENCH_JSON.read_text())) == []
     if placement == "forced-ready":  # a seeded schedule: the same rounds every run, some steps end with groups out
         assert sum(r["spilled_groups"] for r in records) > 0
         assert any(r["later_step_groups"] for r in records)
