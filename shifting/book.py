@@ -33,6 +33,12 @@ EMPTY_SHARE = 1 / 8
 # thread keeps (RoundEnd) and the thread's wake-up, 0.2 ms on an idle core here, and the median of a
 # store round trip on this machine's loaded cores 0.4 ms (docs/placements.md).
 NOTICE_S = 0.0004
+# --updates ready at --max-staleness K >= 2: a step's rounds may end once no more than this share of its
+# groups is still out (the step after it begun, and every group carried in from the step before judged);
+# those go on in the next step and train in the update after their own, K updates after the weights that
+# began them (`Book.may_end`, `Book.spill`). So an update trains between 1 - SPILL_SHARE and 1 + SPILL_SHARE
+# steps' worth of groups.
+SPILL_SHARE = 0.5
 
 
 class RecentSteps:
@@ -167,7 +173,7 @@ class Book:
     (--filter-groups admits the others group by group, `drop`); all of them by default."""
 
     SAMPLE_ARRAYS = ("phase", "tokens")  # per sample, what `extend` joins and `carry` splits (a subclass adds its own)
-    GROUP_ARRAYS = ("group_left", "trained", "dropped", "judged_at")
+    GROUP_ARRAYS = ("group_left", "trained", "dropped")
 
     def __init__(self, samples: int, group_size: int, *, ranks: int = 1, admitted: int | None = None):
         self.n, self.group_size = samples, group_size
@@ -181,10 +187,7 @@ class Book:
         self.group_left = np.full(groups, group_size, dtype=np.int64)  # verdicts each group still waits for
         self.trained = np.zeros(groups, dtype=bool)  # by the train ranks, into the update
         self.dropped = np.zeros(groups, dtype=bool)  # left out of the update
-        self.judged_at = np.full(groups, -1, dtype=np.int64)  # the order groups were judged in (-1: not yet)
-        self.groups_judged = 0  # groups judged so far, of this step and those begun during it
         self.generated = self.judged = 0  # of its own samples
-        self.batch = groups  # the groups its update trains (--updates ready: may_end)
         self.recent_steps = RecentSteps(ranks)
         self.exchange_s = 0.0  # the step's last exchange with rank 0: none before its first
         self.aheads: list[Book] = []  # the next steps, begun during this one, in order
@@ -230,8 +233,6 @@ class Book:
         self._own(i).judged += 1
         group = i // self.group_size
         self.group_left[group] -= 1
-        if self.group_left[group] == 0:
-            self.judged_at[group], self.groups_judged = self.groups_judged, self.groups_judged + 1
         return bool(self.group_left[group] == 0)
 
     def retry(self, i: int) -> None:
@@ -333,45 +334,32 @@ class Book:
         """Every sample the step admitted is judged."""
         return self.judged == self.expected
 
-    def _span(self) -> int:
-        """The groups of this step and of the next, begun during it."""
-        return (self.n + (self.aheads[0].n if self.aheads else 0)) // self.group_size
-
-    def may_end(self) -> bool:
+    def may_end(self, spill: float = SPILL_SHARE) -> bool:
         """--updates ready: whether the step's rounds may end with some of its groups still out, to go on in
-        the next step and train an update later: the next step has begun, and the step and the next have
-        judged as many groups as the update trains (`batch`), every group carried in from the step before
-        among them (it is at the bound: its update cannot wait for a later one). So each update trains the
-        groups judged first within the bound, as many as a step draws, as the staleness buffers of the
-        paper's release fill (victor-yfzhao/psrl pivotrl/workers/ps/staleness_controller.py: a sample begun
-        under version v may enter the buffer of any update from v to v + K, each of a fixed size), where a
-        step-locked update waits for its own step's slowest group."""
-        judged = self.group_left[:self._span()] == 0
-        return bool(self.aheads) and judged[:self.carried_in].all() and judged.sum() >= self.batch
+        the next step and train an update later: the next step has begun, every group carried in from the
+        step before is judged (it is at the bound: its update cannot wait for a later one), and at most a
+        `spill` share of the step's own groups is still out. A bound per group, as the staleness buffers of
+        the paper's release keep it (victor-yfzhao/psrl pivotrl/workers/ps/staleness_controller.py: a sample
+        begun under version v may enter the buffers of updates v to v + K), where a step-locked update
+        waits for its step's slowest group."""
+        own = self.n // self.group_size
+        out = self.group_left[:own] > 0
+        return bool(self.aheads) and not out[:self.carried_in].any() and out.sum() <= spill * own
 
-    def waits_for_bound(self) -> bool:
-        """Whether the step's rounds go on only for groups carried in from the step before: it has judged
-        enough groups to end but for them (`may_end`)."""
-        judged = self.group_left[:self._span()] == 0
-        return bool(self.aheads) and not judged[:self.carried_in].all() and judged.sum() >= self.batch
+    def waits_for_bound(self, spill: float = SPILL_SHARE) -> bool:
+        """Whether the step's rounds go on only for groups carried in from the step before: it could end
+        but for them (`may_end`)."""
+        own = self.n // self.group_size
+        out = self.group_left[:own] > 0
+        return bool(self.aheads) and out[:self.carried_in].any() and out.sum() <= spill * own
 
     def spill(self) -> np.ndarray:
-        """--updates ready, as the step ends (`may_end`): the update's `batch` is the groups carried in and
-        the others judged first, of this step or the next; they come first, in their order, and the rest
-        follow, this step's before the next step's, so that `carry` takes them into the next step's book,
-        this step's at its head (its `carried_in`). Returns each sample's new number, by its old one."""
-        g, own, span, ahead = self.group_size, self.n // self.group_size, self._span(), self.aheads[0]
-        order = np.where(self.group_left[:span] == 0, self.judged_at[:span], np.iinfo(np.int64).max)
-        order[:self.carried_in] = -1
-        keep = np.sort(np.argsort(order, kind="stable")[:self.batch])
-        out = np.ones(span, dtype=bool)
-        out[keep] = False
-        spilled = np.flatnonzero(out[:own])
-        phase = self.phase[(spilled[:, None] * g + np.arange(g)).ravel()]
-        generated, judged = int((phase >= RESPONDED).sum()), int((phase == JUDGED).sum())
-        taken = int((~out[own:]).sum())  # the next step's groups judged first, which the update takes
-        moved = len(spilled) - taken
-        groups = np.concatenate([keep, np.flatnonzero(out), np.arange(span, len(self.group_left))])
+        """--updates ready, as the step ends with groups still out (`may_end`): they move behind its judged
+        ones, so that `carry` takes them into the next step's book, at its head (its `carried_in`). Returns
+        each sample's new number, by its old one."""
+        g, own = self.group_size, self.n // self.group_size
+        out = self.group_left[:own] > 0
+        groups = np.concatenate([np.flatnonzero(~out), np.flatnonzero(out), np.arange(own, len(self.group_left))])
         order = (groups[:, None] * g + np.arange(g)).ravel()
         for name in self.SAMPLE_ARRAYS:
             setattr(self, name, getattr(self, name)[order])
@@ -380,11 +368,13 @@ class Book:
         number = np.empty(len(order), dtype=np.int64)
         number[order] = np.arange(len(order))
         self.queue = {role: deque(int(number[i]) for i in queue) for role, queue in self.queue.items()}
-        ahead.n, ahead.expected = ahead.n + moved * g, ahead.expected + moved * g
-        ahead.generated += generated - taken * g
-        ahead.judged += judged - taken * g
-        ahead.carried_in = len(spilled)
-        self.n = self.expected = self.generated = self.judged = self.batch * g  # every group kept is judged
+        kept = int((~out).sum()) * g
+        tail, ahead = self.phase[kept:self.n], self.aheads[0]
+        ahead.n, ahead.expected = ahead.n + len(tail), ahead.expected + len(tail)
+        ahead.generated += int((tail >= RESPONDED).sum())
+        ahead.judged += int((tail == JUDGED).sum())
+        ahead.carried_in = int(out.sum())
+        self.n = self.generated = self.judged = self.expected = kept
         return number
 
     def judging_left(self) -> bool:
@@ -415,5 +405,4 @@ class Book:
         ahead.queue = {role: deque(i - n for i in queue) for role, queue in self.queue.items()}
         ahead.requeue([i - n for i in exported])
         ahead.aheads, self.aheads = self.aheads[1:], []
-        ahead.groups_judged = self.groups_judged
         return ahead

@@ -358,9 +358,8 @@ class StepQueues:
     def carry(self, exported: list[Request]) -> "StepQueues | None":
         """As the step ends: the next step's queues, holding what of it is done and, queued first, the
         requests the engines exported (every request left belongs to it). Where the step ends with groups
-        still out (`done`, --updates ready), the update's groups are those judged first, of this step or
-        the next, and the rest go on in the next step, this step's first (book.Book.spill): its book,
-        requests and samples follow."""
+        still out (`done`, --updates ready), they go on in the next step, first in its book, requests and
+        samples (book.Book.spill)."""
         if self.ahead is None:
             return None
         if not self.book.done():
@@ -375,8 +374,6 @@ class StepQueues:
         self.ahead.numbers = {key: i - n for key, i in self.numbers.items() if i >= n}
         for key in [key for key in self.samples if self.numbers[key] >= n]:
             self.ahead.samples[key] = self.samples.pop(key)
-        for key in [key for key in self.ahead.samples if self.numbers[key] < n]:
-            self.samples[key] = self.ahead.samples.pop(key)
         self.ahead.migrated += len(exported)
         if self.trace is not None:
             self.trace.append({"carry": numbers})
@@ -507,8 +504,8 @@ class StepQueues:
         return role == Role.JUDGE and self.book.judging_left()
 
     def done(self) -> bool:
-        """Every sample the step admitted is judged; or, where it may (`spill`), as many groups as its update
-        trains, those carried in among them (book.Book.may_end)."""
+        """Every sample the step admitted is judged; or, where it may (`spill`), all but the groups the book
+        lets go on in the next step (book.Book.may_end)."""
         return self.book.done() or self.spill and self.book.may_end()
 
     def timed_round(self) -> Rounds:
