@@ -10,7 +10,6 @@ tests/unit/test_tables.py fails where a table was edited by hand.
 """
 import argparse
 import re
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,31 +36,58 @@ def ratio(value: float) -> str:
     return f"{value:.2f}x"
 
 
+def sim_ratios(k: int) -> list[str]:
+    """Pivot's ratios at K, as a `python -m sim` report names them."""
+    return [f"pivot{k}_over_colocated0", f"pivot{k}_over_disaggregated{k}", "pivot0_over_colocated0",
+            f"pivot{k}_over_bound"]
+
+
+def over_seeds(group: dict, key: str) -> str:
+    """A ratio of a `python -m sim` group: its mean over the seeds, with the lowest and highest seed's
+    beside it where there are several."""
+    each = [r[key] for r in group["seeds"].values()]
+    return ratio(group["mean"][key]) + (f" ({min(each):.2f}-{max(each):.2f})" if len(each) > 1 else "")
+
+
+def seeds_line(*reports: dict) -> list[str]:
+    """What a simulated table's figures are: the seeds and the loop's --updates they ran under (each
+    preset's, where they differ)."""
+    said = {}
+    for r in reports:
+        said.setdefault((", ".join(map(str, r["seeds"])), r["updates"]), []).append(r["preset"])
+    lines = []
+    for (seeds, updates), presets in said.items():
+        several = ", the lowest and highest seed's in brackets" if len(seeds.split(",")) > 1 else ""
+        lines.append(("" if len(said) == 1 else f"{' and '.join(presets)}: ")
+                     + f"seeds {seeds}, `--updates {updates}`; each figure is the mean over the seeds{several}.")
+    return [line[0].upper() + line[1:] for line in lines] + [""]
+
+
 def simulated(report: dict) -> list[str]:
-    """Each group of a `python -m sim` report: step seconds per placement, then pivot's ratios."""
+    """Each group of a `python -m sim` report: step seconds per placement, then pivot's ratios, each the
+    mean over the report's seeds."""
     k = report["max_staleness"]
     runs = [("colocated", 0), ("disaggregated", k), ("pivot", 0), ("pivot", k)]
-    lines = [row(["group", *(f"{p}@{j} step s" for p, j in runs), f"pivot@{k} / colocated@0",
-                  f"pivot@{k} / disaggregated@{k}", "pivot@0 / colocated@0", f"pivot@{k} / bound"]),
-             row(["---"] * 9)]
-    for group, r in report["groups"].items():
-        seconds = [statistics.mean(r["placements"][f"{p}@{j}"]["step_s"]) for p, j in runs]
-        lines.append(row([group, *(f"{s:.0f}" for s in seconds), ratio(r[f"pivot{k}_over_colocated0"]),
-                          ratio(r[f"pivot{k}_over_disaggregated{k}"]), ratio(r["pivot0_over_colocated0"]),
-                          ratio(r[f"pivot{k}_over_bound"])]))
+    lines = seeds_line(report) + [
+        row(["group", *(f"{p}@{j} step s" for p, j in runs), f"pivot@{k} / colocated@0",
+             f"pivot@{k} / disaggregated@{k}", "pivot@0 / colocated@0", f"pivot@{k} / bound"]),
+        row(["---"] * 9)]
+    for group, g in report["groups"].items():
+        seconds = [g["mean"]["step_s"][f"{p}@{j}"] for p, j in runs]
+        lines.append(row([group, *(f"{s:.0f}" for s in seconds), *(over_seeds(g, key) for key in sim_ratios(k))]))
     return lines
 
 
 def simulated_summary(*reports: dict) -> list[str]:
-    """Every preset's groups in one table: pivot's four ratios."""
-    lines = [row(["preset: group", "pivot@K / colocated@0", "pivot@K / disaggregated@K", "pivot@0 / colocated@0",
-                  "pivot@K / bound"]), row(["---"] * 5)]
+    """Every preset's groups in one table: pivot's four ratios, each the mean over the report's seeds."""
+    lines = seeds_line(*reports) + [
+        row(["preset: group", "pivot@K / colocated@0", "pivot@K / disaggregated@K", "pivot@0 / colocated@0",
+             "pivot@K / bound"]), row(["---"] * 5)]
     for report in reports:
         k = report["max_staleness"]
-        for group, r in report["groups"].items():
-            lines.append(row([f"{report['preset']} (K = {k}): {group}", ratio(r[f"pivot{k}_over_colocated0"]),
-                              ratio(r[f"pivot{k}_over_disaggregated{k}"]), ratio(r["pivot0_over_colocated0"]),
-                              ratio(r[f"pivot{k}_over_bound"])]))
+        for group, g in report["groups"].items():
+            name = f"{report['preset']} (K = {k}): {group}"
+            lines.append(row([name, *(over_seeds(g, key) for key in sim_ratios(k))]))
     return lines
 
 
