@@ -334,8 +334,12 @@ class Simulation:
             self.phases[Role.ROLLOUT] += self.rollout_end - start
             self.phases["judge_tail"] += self.judge_end - self.rollout_end
             self.phases["train_tail"] += self.now - self.judge_end
-            samples += update_step.n
-            tokens += int(update_step.length.sum())
+            # A step's draw per update: under --updates ready an update trains between half a step's worth of
+            # groups and one and a half (book.SPILL_SHARE), so over a few timed updates the groups spilled into
+            # or out of the window would count; throughput is the steps' draws at the updates' pace
+            drawn = self.workload.prompts * self.workload.group_size
+            samples += drawn
+            tokens += int(update_step.length.sum() * drawn / update_step.n)
             if update == skip + steps - 1:
                 result = Result(self.placement, len(self.slots), self.now - self.origin, samples, tokens,
                                 self.shifts, self.shift_seconds / max(self.shifts, 1), step_seconds,
