@@ -12,9 +12,10 @@ ready at K >= 2: pipeline.depth): while step k's prompts are rolled out and judg
 update k - D), the train ranks work through the groups of step k - D (all judged), so training overlaps
 rollout and judging, and once through them they make the update before the step's last critique and
 publish it at once: the sequences in flight go on under the new weights (partial rollout) and step k + 1
-begins beside step k's tail (shifting/scheduler.py). Under --updates ready (the default) step k's rounds
-then end once at most half of its groups are still out and every group carried into it is judged; those
-still out go on in step k + 1 and train with its groups, an update later (shifting/book.py Book.may_end).
+begins beside step k's tail (shifting/scheduler.py). Under --updates ready (the default at K >= 2) step
+k's rounds then end once at most half of its groups are still out and every group carried into it is
+judged; those still out go on in step k + 1 and train with its groups, an update later (shifting/book.py
+Book.may_end).
 Every sample of update u began under weights version u - K or newer (the first updates: version 0). The clipped ratio against the sampling
 logprobs bounds how far the update moves from the weights that sampled them; --rollout-is token|sequence
 instead takes verl's rollout correction: the ratio against pi_old, the logprobs of the weights the update
@@ -743,11 +744,10 @@ def staleness_metrics(samples: list[Sample], update: int, bound: int) -> dict:
         ends = [first for first, _ in s.versions[1:]] + [len(s.response_ids)]
         for (first, version), end in zip(s.versions, ends):
             tokens[update - version] += end - first
-    # --updates ready: groups of an earlier step, which its end left out, and of a later one, judged first
+    # --updates ready: groups of an earlier step, which its end left out
     return {"staleness": {str(k): n for k, n in sorted(stale.items())},
             "staleness_tokens": {str(k): n for k, n in sorted(tokens.items())},
-            "earlier_step_groups": len({s.group for s in samples if s.step < update}),
-            "later_step_groups": len({s.group for s in samples if s.step > update})}
+            "earlier_step_groups": len({s.group for s in samples if s.step < update})}
 
 
 def to_train(context: RoleContext, placement: Placement, early: dict) -> list[dict]:

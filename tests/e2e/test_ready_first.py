@@ -57,7 +57,6 @@ def test_updates_take_the_groups_judged_first_within_the_bound(tmp_path, placeme
     assert replay_run(out, json.loads(BENCH_JSON.read_text())) == []
     if placement == "forced-ready":  # a seeded schedule: the same rounds every run, some steps end with groups out
         assert sum(r["spilled_groups"] for r in records) > 0
-        assert any(r["later_step_groups"] for r in records)
 
 
 def test_a_rank_killed_mid_pipeline_resumes_with_every_group_trained_once(tmp_path):
