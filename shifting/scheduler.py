@@ -273,11 +273,14 @@ class StepQueues:
         self.train_pool = None if train_pool is None else {s.id: s for s in train_pool}
         # The book the update's groups are handed out from: this step's, or the train pool's, whose groups
         # (of one step, or with --updates ready those spilled from the step before it first) it numbers in
-        # (step, prompt) order, as the step's book that judged them numbered them as it ended.
-        self.pool_groups = [] if train_pool is None else sorted({s.group for s in train_pool})
+        # (step, prompt) order, as the step's book that judged them numbered them as it ended. Its groups by
+        # number, and their numbers.
+        self.update_groups = [(step, p) for p in range(len(prompts))] if train_pool is None else \
+            sorted({s.group for s in train_pool})
+        self.group_numbers = {group: number for number, group in enumerate(self.update_groups)}
         self.update_book = self.book if train_pool is None else book.Book.judged_pool(
             {number * self.group_size + s.sample_index: len(s.prompt_ids) + len(s.response_ids)
-             for number, group in enumerate(self.pool_groups)
+             for number, group in enumerate(self.update_groups)
              for s in (self.train_pool[(*group, g)] for g in range(self.group_size))}, self.group_size)
         self.trained: list[tuple[int, int]] = []  # the groups the train ranks trained, as (step, prompt)
         self.early = dict(NO_EARLY)
@@ -322,10 +325,8 @@ class StepQueues:
         return self.numbers[(request.step, *request.key)]
 
     def group_number(self, group: tuple[int, int]) -> int:
-        """A group's number in the update's book: in the train pool's order, or this step's book."""
-        if self.train_pool is not None:
-            return self.pool_groups.index(group)
-        return self.numbers[(*group, 0)] // self.group_size
+        """A group's number in the update's book: in the train pool's order, or this step's prompt's."""
+        return self.group_numbers[group]
 
     def queued(self, role: str) -> list[Request]:
         """The requests in the role's queue, from its head."""
@@ -493,9 +494,8 @@ class StepQueues:
         train ranks work through them one at a time until the round ends (`_train`), and report which they
         trained; the others are handed out again."""
         pool = self.train_samples()
-        groups = self.pool_groups if self.train_pool is not None else \
-            {self.numbers[key] // self.group_size: key[:2] for key in pool}
-        return [[pool[(*groups[number], g)] for g in range(self.group_size)] for number in self.update_book.ready()]
+        return [[pool[(*self.update_groups[number], g)] for g in range(self.group_size)]
+                for number in self.update_book.ready()]
 
     def pending(self, role: str) -> bool:
         """Work this role still has to do in the step, queued, in flight or (judging) yet to come."""
