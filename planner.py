@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from roles import ENGINE_ROLES, ROLES, Role
+from shifting import book
 
 
 @dataclass(frozen=True)
@@ -452,8 +453,9 @@ class LoopPlanner:
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
-                 critiques: LengthEstimate, config: PlannerConfig = PlannerConfig()):
+                 critiques: LengthEstimate, config: PlannerConfig = PlannerConfig(), synchronous: bool = True):
         self.speeds, self.costs, self.config = speeds, costs, config
+        self.synchronous = synchronous  # --max-staleness 0: the judge engines' intake holds work back (book.intake)
         self.lengths, self.critiques = lengths, critiques
         self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
                      for role, s in ((Role.ROLLOUT, speeds.rollout), (Role.JUDGE, speeds.judge))}
@@ -488,7 +490,9 @@ class LoopPlanner:
         if expected > 0:
             self.beside_train = 0.5 * self.beside_train + 0.5 * measured / expected
         ranks = [Rank(role, rep.in_flight_tokens, since) for role, rep, since in zip(roles, reports, self.since)]
-        moves = plan(ranks, self.work(queues), self.measured_speeds(), self.costs, self.config)
+        seqs = {role: len(queues.queued(role)) + sum(len(rep.generated) for rep in reports if rep.role == role)
+                for role in self.fits}
+        moves = plan(ranks, self.work(queues), self.measured_speeds(seqs, len(roles)), self.costs, self.config)
         for move in moves:
             self.since[move.rank] = 0.0
         return apply_moves(roles, moves)
@@ -513,8 +517,19 @@ class LoopPlanner:
         self.beside_train = state.get("beside_train", 1.0)  # a checkpoint from before it was measured: 1
         self.judge_template = state.get("judge_template", 0.0)  # ... or before it was kept: none seen
 
-    def measured_speeds(self) -> Speeds:
-        engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1])
+    def capacity(self, role: str, seqs: int, ranks: int) -> int:
+        """The most sequences one engine of `role` takes in (book.intake), from the fit of its steps, given
+        the role's `seqs` queued and running over `ranks` ranks."""
+        step_s, per_seq_s = self.fits[role].fit()
+        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks,
+                           self.synchronous)
+
+    def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1) -> Speeds:
+        """The engines' fitted speeds; given each role's `seqs` queued and running over `ranks` ranks, an
+        engine's room is what it takes in (`capacity`), as the planner then weighs the roles."""
+        engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1],
+                                 max_seqs=getattr(self.speeds, role).max_seqs if seqs is None
+                                 else self.capacity(role, seqs[role], ranks))
                    for role, fit in self.fits.items()}
         return replace(self.speeds, train_per_s=self.train.per_s, beside_train=self.beside_train, **engines)
 

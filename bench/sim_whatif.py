@@ -54,6 +54,8 @@ CASES = {
     "prefill intake": ("pivot's engines take new work only as far as they prefill it within the round; the rest "
                        "waits at rank 0 for the planner and for slots that join the role (not in the loop)",
                        {}, {"prefill_intake": True}),
+    "judge room": ("pivot's judge engines take responses up to their room, not only as many as they step well "
+                   "(book.intake, the loop's rule)", {}, {"intake": False}),
     "deep pipeline": ("step-locked at K > 0, each update waiting for its own step alone, with up to K + 1 steps "
                       "in flight, each begun once weights K updates older than its own update are out (not in the "
                       "loop, whose step-locked pipeline rolls step u + K out to its end beside update u)", {},

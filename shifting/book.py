@@ -39,6 +39,9 @@ NOTICE_S = 0.0004
 # began them (`Book.may_end`, `Book.spill`). So an update trains between 1 - SPILL_SHARE and 1 + SPILL_SHARE
 # steps' worth of groups.
 SPILL_SHARE = 0.5
+# pivot's judge intake at K = 0 (`intake`): an engine takes in critiques while its engine step stays within
+# (1 + this) times its fixed part: beyond that batch a critique more adds less than half a critique's throughput.
+INTAKE_KNEE = 1.0
 
 
 class RecentSteps:
@@ -104,6 +107,25 @@ def shares(queued: int, in_flight: list[int], capacity: int) -> list[int]:
         if n + 1 < capacity:
             heapq.heappush(room, (n + 1, rank))
     return take
+
+
+def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int, ranks: int, synchronous: bool,
+           knee: float = INTAKE_KNEE) -> int:
+    """The most sequences one of pivot's engines takes in. A judge engine of a `synchronous` run
+    (--max-staleness 0) takes as many as keep its engine step within (1 + `knee`) times its fixed part (an
+    engine step is `step_s` + `per_seq_s` x its sequences, the planner's fit), but never fewer than its
+    even share of the judge's `role_seqs` (queued and running) over all `ranks`, nor more than its `room`
+    (--max-seqs). In such a step every rank that rolls out turns to the judge as the rollout ends, so what
+    the first judge engines would crowd in (a longer batch adds little throughput and slows every critique
+    in it, the longest to the step's end) waits at rank 0 for them instead, as serving routers balance by
+    each engine's outstanding work, not by its room. Every other engine takes its room: at K > 0 the
+    rollout ranks go on with the next step's prompts and the train ranks with an earlier step's groups, so
+    work held back would wait for ranks with other work (the simulator's paper preset ran slower so), and
+    a step's prompts are queued at its start, when no rank is about to join rollout."""
+    if role != Role.JUDGE or not synchronous:
+        return room
+    steps_well = math.ceil(knee * step_s / per_seq_s) if per_seq_s > 0 else room
+    return max(1, min(room, max(steps_well, math.ceil(role_seqs / ranks))))
 
 
 def update_due(early: bool, trained: bool, made: bool) -> bool:

@@ -53,7 +53,8 @@ class Placement:
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == Role.TRAIN},
                                        LengthEstimate([], options.max_response_tokens),
                                        LengthEstimate([], options.max_critique_tokens),
-                                       PlannerConfig(early_train=self.early_train, min_train_ranks=1))
+                                       PlannerConfig(early_train=self.early_train, min_train_ranks=1),
+                                       synchronous=options.max_staleness == 0)
         # The run's one estimate of the training speed (the pivot planner's, where there is one): every
         # early train round measures it (StepQueues.ingest), and each update of a pivot run (`learn`).
         self.train_speed = self.planner.train if self.planner else TrainSpeed()
@@ -86,6 +87,15 @@ class Placement:
             return False
         left = queues.update_book.train_work()[0] / self.train_speed.per_s
         return update_seconds(left, roles, self.planner.costs)[1]
+
+    def capacity(self, role: str, seqs: int) -> int:
+        """The most sequences an engine of `role` takes in, given the role's `seqs` queued and running: its
+        room (--max-seqs), but at K = 0 pivot's judge engines only as many as they step well (book.intake,
+        from the planner's fit of their steps), so that responses they would crowd in wait for the rollout
+        ranks, which join the judge as rollout ends."""
+        if self.planner is None:
+            return self.options.max_seqs
+        return self.planner.capacity(role, seqs, self.world_size)
 
     def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
         """The roles from now on, and how long the ranks work before they next report: --force-shifts'

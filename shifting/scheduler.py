@@ -304,6 +304,7 @@ class StepQueues:
         self.bound_wait_s = self.rollout_idle_s = 0.0
         self.waiting = (False, False)  # whether the round under way waits for the bound, and has no rollout
         self.trace: list[dict] | None = [] if trace else None
+        self.capacity: dict[str, int] = {}  # the last dispatch's: the most sequences an engine of each role took in
         self.begun = time.perf_counter()  # the trace's rounds are timed from here
         if carried is not None:
             self._take_over(carried)
@@ -397,6 +398,7 @@ class StepQueues:
             "roles": orders[0].roles, "work": [ids(o.work) for o in orders],
             "handed": [self.group_number(group[0].group) for group in train], "publish": orders[0].publish is not None,
             "update": any(o.update is not None for o in orders), "timed": orders[0].rounds.seconds is not None,
+            "capacity": self.capacity,
             "seconds": orders[0].rounds.seconds, "done": orders[0].done, "at": time.perf_counter() - self.begun})
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
@@ -515,13 +517,17 @@ class StepQueues:
         (book.Book.round_seconds)."""
         return Rounds(seconds=self.book.round_seconds(self.round_steps), early=True)
 
-    def dispatch(self, roles: list[str], capacity: int, in_flight: list[int]) -> list[list[Request]]:
+    def dispatch(self, roles: list[str], capacity, in_flight: list[int]) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
-        each engine's capacity (book.Book.dispatch), in rank order from the queue's head."""
+        each engine's `capacity(role, seqs)` (the placement's, given the role's sequences queued and running:
+        book.intake; book.Book.dispatch), in rank order from the queue's head."""
         work = [[] for _ in roles]
+        self.capacity = {}
         for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
-            for rank, numbers in zip(ranks, self.book.dispatch(role, [in_flight[r] for r in ranks], capacity)):
+            held = [in_flight[r] for r in ranks]
+            self.capacity[role] = capacity(role, len(self.book.queue[role]) + sum(held))
+            for rank, numbers in zip(ranks, self.book.dispatch(role, held, self.capacity[role])):
                 work[rank] = [self.requests[i] for i in numbers]
         return work
 
@@ -562,11 +568,12 @@ def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate:
 
 
 def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list[dict], rollout: RolloutEngine,
-             judge: Judge, capacity: int, seed: int, step: int, timeline,
+             judge: Judge, capacity, seed: int, step: int, timeline,
              ahead: list[dict] | None = None, before: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `next_roles(roles, queues, rng)` (Placement's) gives the roles and the next round's length;
+    `capacity(role, seqs)` (Placement's) the most sequences an engine of the role takes in (`dispatch`);
     `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish; `before`, the
     step before's, whose groups that step's end left out go on in this one: StepQueues.carry) and
     `rollout`, `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and

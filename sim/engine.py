@@ -69,7 +69,7 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round and a step: the scheduling book's figures (shifting/book.py:
     the --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
     EMPTY_SHARE and the engine step's seconds before any is measured) and the loop's --updates, which
-    what-if runs (bench/sim_whatif.py) may change, two switches that turn its rules off, and three that add
+    what-if runs (bench/sim_whatif.py) may change, three switches that turn its rules off, and three that add
     rules it lacks:
       updates             --updates (pipeline.UPDATES): "ready", the loop's default, runs the pipeline at
                           K - 1 at --max-staleness K >= 2 (pipeline.depth), and ends a step's rounds once the
@@ -87,6 +87,8 @@ class RoundRules:
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
                           them all only where the train group changes; a shift between engine roles
                           holds the shifting slot alone, which takes work again at the next round)
+      intake              at K = 0 pivot's judge engines take in only as many responses as they step well
+                          (book.intake, as the loop's do; off: up to their room)
       prefill_intake      pivot's engines take new work in a timed round only as far as they prefill it in
                           the round (one request at least); the rest waits at rank 0, where the planner sees
                           it and a slot that joins the role can take it (off, as the loop does: up to the
@@ -108,6 +110,7 @@ class RoundRules:
     step_on: bool = True
     shifts_stall_all: bool = False
     prefill_intake: bool = False
+    intake: bool = True
     deep_pipeline: bool = False
     carry_running: bool = False
     updates: str = "ready"
@@ -488,13 +491,25 @@ class Simulation:
         first step takes its new requests in."""
         for role in ENGINE_ROLES:
             held = [s for s in self.slots if s.role == role]
-            takes = self.step.dispatch(role, [len(s.running) for s in held], self.model.max_seqs[role])
+            takes = self.step.dispatch(role, [len(s.running) for s in held], self._capacity(role))
             if self.rules.prefill_intake and self.placement == "pivot" and rnd.seconds is not None:
                 self._intake(role, takes, rnd.seconds)
             for slot, new in zip(held, takes):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
+
+    def _capacity(self, role: str) -> int:
+        """The most sequences an engine of `role` takes in (Placement.capacity in pivot_train.py): pivot's
+        intake (book.intake: at K = 0 a judge engine's holds back what it would crowd in) from rank 0's fit
+        of the role's engine steps, given its sequences queued and running; the others', and pivot's
+        without `RoundRules.intake`, the engine's room."""
+        room = self.model.max_seqs[role]
+        if not self.rules.intake or self.placement != "pivot":
+            return room
+        step_s, per_seq_s = self.fits[role].fit()
+        seqs = len(self.step.queue[role]) + sum(len(s.running) for s in self.slots if s.role == role)
+        return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots), self.max_staleness == 0)
 
     def _intake(self, role: str, takes: list[list[int]], seconds: float) -> None:
         """RoundRules.prefill_intake: each slot keeps of its share what its engine prefills in `seconds`
@@ -868,7 +883,8 @@ class Simulation:
             if s.role in ENGINE_ROLES and s.running and s.step_s:
                 self.fits[s.role].observe(len(s.running), s.step_s)
         speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), step_s=fit.fit()[0],
-                                                        per_seq_s=fit.fit()[1]) for role, fit in self.fits.items()})
+                                                        per_seq_s=fit.fit()[1], max_seqs=self._capacity(role))
+                                         for role, fit in self.fits.items()})
         ranks = [planner.Rank(s.role, int(self._context(s.role, s.running)) if s.role in ENGINE_ROLES else 0,
                               self.now - s.shifted_at) for s in self.slots]
         return planner.plan(ranks, self._work(), speeds, self.costs, self.config)

@@ -8,8 +8,8 @@ import pytest
 
 from algorithm import Algorithm
 import planner
-from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, publish_due, requeue,
-                           round_seconds, shares, update_due, update_roles)
+from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, publish_due,
+                           requeue, round_seconds, shares, update_due, update_roles)
 from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -24,6 +24,33 @@ def test_shares_even_out_loads_up_to_capacity():
     assert shares(10, [50, 44, 60], 64) == [2, 8, 0]  # rank 1 to 50 first, then turn about: 52, 52, 60
     assert shares(0, [1, 2], 64) == [0, 0]
     assert shares(3, [], 64) == []
+
+
+def test_a_judge_engine_takes_in_what_it_steps_well_or_its_even_share():
+    # An engine step of 0.006 s + 0.0002 s a sequence doubles its fixed part at 30 sequences.
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, True) == 30
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, True, knee=2.0) == 60
+    # Never below the role's sequences shared over every rank, nor above the engine's room.
+    assert intake("judge", 0.006, 0.0002, 128, 8000, 128, True) == 63
+    assert intake("judge", 0.006, 0.0002, 128, 100000, 128, True) == 128
+    assert intake("judge", 0.006, 0.0, 128, 10, 128, True) == 128  # no cost a sequence measured: its room
+    assert intake("judge", 0.0, 0.001, 128, 0, 128, True) == 1  # one at least
+    # A rollout engine takes its room: a step's prompts are queued at its start, when none is to join; and
+    # at K > 0 a judge engine too: the rollout ranks go on with the next step.
+    assert intake("rollout", 0.006, 0.0002, 128, 1000, 128, True) == 128
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, False) == 128
+
+
+def test_work_beyond_the_intake_waits_for_a_rank_that_joins():
+    book = Book(200, 4)
+    book.queue["judge"].extend(book.queue["rollout"])
+    book.queue["rollout"].clear()
+    book.phase[:] = 2  # every response finished, waiting for the judge
+    cap = intake("judge", 0.006, 0.0002, 128, 200, 16, True)
+    assert [len(w) for w in book.dispatch("judge", [0, 0], cap)] == [30, 30]
+    assert len(book.queue["judge"]) == 140
+    # A rank that joins the judge a round later takes work in its first round, up to the intake.
+    assert [len(w) for w in book.dispatch("judge", [25, 30, 0], cap)] == [5, 0, 30]
 
 
 def test_round_seconds_and_early_end():
@@ -121,7 +148,7 @@ def test_the_loop_and_the_simulator_keep_one_book():
     overridden = {name for name in vars(Step) if name in vars(Book) and not name.startswith("__")}
     assert overridden == {"SAMPLE_ARRAYS"}  # it adds arrays, and no rule
     keys = [r.key for r in queues.queued("rollout")]
-    running = queues.dispatch(["rollout", "rollout"], 2, [0, 0])  # four of six go to two engines
+    running = queues.dispatch(["rollout", "rollout"], lambda role, seqs: 2, [0, 0])  # four of six go to two engines
     assert step.dispatch("rollout", [0, 0], 2) == [[queues.number(r) for r in work] for work in running]
     queues.ingest([Report("rollout", exported=[running[1][0], running[0][0], running[1][1]])], 0.0)
     step.ingest([], [2, 0, 3], step.drawn_tokens)

@@ -113,7 +113,7 @@ def test_the_loop_publishes_at_the_round_after_the_update_is_made(asked, ahead):
     roles = ["rollout", "judge", "train"]
     reports = [[], [Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)],
                [Report("train", update={"loss": 0.0})], []]
-    orders = [_decide([Report("rollout"), Report("judge"), *train], queues, keep, roles, None, 4, 0.0)
+    orders = [_decide([Report("rollout"), Report("judge"), *train], queues, keep, roles, None, lambda role, seqs: 4, 0.0)
               for train in reports]
     assert [o[2].update is not None for o in orders] == [False, True, False, False]
     assert [o[0].publish for o in orders] == [None, None, 2 if ahead else None, None]

@@ -445,8 +445,9 @@ def test_at_k0_the_figures_are_those_before_the_pipeline(cal, placement, seconds
     still shifting (or loading new weights) takes its share of the queue at the round's start and starts
     on it once shifted, as the loop's rank does (sim/replay.py found that the simulator gave it none); and
     the ranks learn of a round's end from a wait on the store, book.NOTICE_S after it, where they looked
-    it up every 10 ms (5 ms later on average)."""
-    sim, result, _ = run(cal, placement)
+    it up every 10 ms (5 ms later on average). Pivot's judge engines take up to their room here, as they did
+    then (RoundRules.intake off; book.intake came after)."""
+    sim, result, _ = run(cal, placement, rules=RoundRules(intake=False))
     assert (result.seconds, result.shifts, result.rounds) == (seconds, shifts, rounds)
     assert result.critical_path_s == 205.0381855320795
 
@@ -586,3 +587,34 @@ def test_paper_decode_fit_gives_the_steps_the_release_measured(cal):
     broken["groups"]["qwen25-7b+qwen3-30b-a3b"]["tp_judge"]["value"] = 2
     with pytest.raises(C.CalibrationError, match="fit is at tensor-parallel size 4"):
         C.FittedGpuModel(broken, "qwen25-7b+qwen3-30b-a3b")
+
+
+def test_pivot_judge_engines_take_in_no_more_than_the_intake_and_a_joining_slot_finds_work(cal):
+    """book.intake: a pivot judge engine never takes in beyond its intake, so the rest of the responses wait
+    at rank 0, and a slot that joins the judge takes some of them in its first round."""
+    paper = C.preset(cal, "paper")
+    sim = Simulation(C.FittedGpuModel(paper, "qwen25-1b5+glm-z1-9b"), C.gpu_workload(paper, 16), 16, "pivot",
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=1))
+    seen, dispatch, last = {"capped": 0, "joined": 0}, sim._dispatch, [s.role for s in sim.slots]
+
+    def traced(rnd):
+        held = [len(s.running) for s in sim.slots]
+        queued, cap = len(sim.step.queue["judge"]), sim._capacity("judge")
+        dispatch(rnd)
+        judges = [(slot, len(slot.running) - was, was, before) for slot, was, before in zip(sim.slots, held, last)
+                  if slot.role == "judge"]
+        left = len(sim.step.queue["judge"])
+        for slot, took, was, before in judges:
+            assert took == 0 or len(slot.running) <= cap
+            assert not left or len(slot.running) >= cap  # work waits only while every judge engine is full
+            if before != "judge" and queued:
+                # A slot that joins takes work first, unless engines as empty took all there was.
+                assert took > 0 or not left and all(w == 0 for _, t, w, _ in judges if t), slot.index
+                seen["joined"] += took > 0
+        seen["capped"] += bool(sim.step.queue["judge"]) and cap < sim.model.max_seqs["judge"]
+        last[:] = [s.role for s in sim.slots]
+
+    sim._dispatch = traced
+    sim.run(1)
+    assert sim.step.judged == sim.step.n
+    assert seen["capped"] and seen["joined"]

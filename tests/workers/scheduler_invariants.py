@@ -44,7 +44,7 @@ sampling = SamplingOptions(group_size=3, seed=0, temperature=1.0, max_response_t
 def run(next_roles, capacity, seed):
     queues = StepQueues(step_prompts, step=0, sampling=sampling, algo=Algorithm()) if d.rank == 0 else None
     samples, _, shifts, _ = generate(d, context, queues, next_roles, prompts=step_prompts, rollout=rollout, judge=judge,
-                                  capacity=capacity, seed=seed, step=0, timeline=timeline)
+                                  capacity=lambda role, seqs: capacity, seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
     context.apply(["rollout"] * d.world_size)  # the next trial starts where a step starts
