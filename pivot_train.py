@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
                    help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
                         "an engine starts only where its weights, KV cache and this are free")
-    g.add_argument("--max-seqs", type=int, default=64, help="sequences in flight per engine")
+    g.add_argument("--max-seqs", type=int, default=64,
+                   help="sequences in flight per engine (at K = 0 a pivot judge engine takes fewer while the "
+                        "rollout ranks are still to join it: docs/step.md)")
     g.add_argument("--max-staleness", type=int, default=0, metavar="K",
                    help="the update may train samples that weights up to K versions older sampled: it runs K steps "
                         "behind the rollout, overlapping it; 0: synchronous on-policy")
