@@ -520,17 +520,19 @@ class LoopPlanner:
     def capacity(self, role: str, seqs: int, ranks: int) -> int:
         """The most sequences one engine of `role` takes in (book.intake), from the fit of its steps, given
         the role's `seqs` queued and running over `ranks` ranks."""
-        step_s, per_seq_s = self.fits[role].fit()
-        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks,
-                           self.synchronous)
+        return self._intake(role, seqs, ranks, *self.fits[role].fit())
+
+    def _intake(self, role: str, seqs: int, ranks: int, step_s: float, per_seq_s: float) -> int:
+        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks, self.synchronous)
 
     def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1) -> Speeds:
         """The engines' fitted speeds; given each role's `seqs` queued and running over `ranks` ranks, an
         engine's room is what it takes in (`capacity`), as the planner then weighs the roles."""
-        engines = {role: replace(getattr(self.speeds, role), step_s=fit.fit()[0], per_seq_s=fit.fit()[1],
-                                 max_seqs=getattr(self.speeds, role).max_seqs if seqs is None
-                                 else self.capacity(role, seqs[role], ranks))
-                   for role, fit in self.fits.items()}
+        engines = {}
+        for role, fit in self.fits.items():
+            prior, (step_s, per_seq_s) = getattr(self.speeds, role), fit.fit()
+            room = prior.max_seqs if seqs is None else self._intake(role, seqs[role], ranks, step_s, per_seq_s)
+            engines[role] = replace(prior, step_s=step_s, per_seq_s=per_seq_s, max_seqs=room)
         return replace(self.speeds, train_per_s=self.train.per_s, beside_train=self.beside_train, **engines)
 
     def work(self, queues) -> Work:

@@ -365,16 +365,21 @@ class Book:
         the paper's release keep it (victor-yfzhao/psrl pivotrl/workers/ps/staleness_controller.py: a sample
         begun under version v may enter the buffers of updates v to v + K), where a step-locked update
         waits for its step's slowest group."""
-        own = self.n // self.group_size
-        out = self.group_left[:own] > 0
-        return bool(self.aheads) and not out[:self.carried_in].any() and out.sum() <= spill * own
+        could_end, bound_out = self._ending(spill)
+        return could_end and not bound_out
 
     def waits_for_bound(self, spill: float = SPILL_SHARE) -> bool:
         """Whether the step's rounds go on only for groups carried in from the step before: it could end
         but for them (`may_end`)."""
+        could_end, bound_out = self._ending(spill)
+        return could_end and bound_out
+
+    def _ending(self, spill: float) -> tuple[bool, bool]:
+        """Whether the step could end but for its carried-in groups (the next step begun, at most a `spill`
+        share of its own groups out), and whether any carried-in group is still out."""
         own = self.n // self.group_size
         out = self.group_left[:own] > 0
-        return bool(self.aheads) and out[:self.carried_in].any() and out.sum() <= spill * own
+        return bool(self.aheads) and out.sum() <= spill * own, bool(out[:self.carried_in].any())
 
     def spill(self) -> np.ndarray:
         """--updates ready, as the step ends with groups still out (`may_end`): they move behind its judged

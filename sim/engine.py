@@ -15,9 +15,9 @@ them while the step rolls out and judges; once through they make the update, it 
 round after, and the next step begins beside this one's tail (book.Book.extend and carry, the book the
 loop's StepQueues keeps too), by the same rules (shifting/book.py update_due, publish_due, ahead_step).
 Under --updates ready (the loop's default; RoundRules.updates) at K >= 2 the pipeline is K - 1 deep and a
-step ends once it and the next step have judged as many groups as an update trains, those carried in
-among them; the update takes the groups judged first and the rest go on in the next step and train with
-it (book.Book.may_end, spill); under --updates step every step ends with all its groups judged.
+step ends once the next step has begun, every group carried in from the step before is judged and at most
+half of its own groups are still out; those go on in the next step and train with it (book.Book.may_end,
+spill); under --updates step every step ends with all its groups judged.
 
 The slots work in rounds, as pivot_train.py's ranks do (shifting/scheduler.py `generate`). A round
 starts with orders from rank 0: every slot's role (a train group that changes is made anew,
@@ -73,11 +73,10 @@ class RoundRules:
     rules it lacks:
       updates             --updates (pipeline.UPDATES): "ready", the loop's default, runs the pipeline at
                           K - 1 at --max-staleness K >= 2 (pipeline.depth), and ends a step's rounds once the
-                          next step has begun and the two have judged as many groups as an update trains, every
-                          group carried in from the step before among them (book.Book.may_end); the update
-                          takes those judged first and the rest go on in the next step (Book.spill, Book.carry)
-                          and train with it, an update later, K updates after the weights that began them, the
-                          rest K - 1 (or K - 2, taken from the next step). The bound per group, as
+                          next step has begun, every group carried in from the step before is judged and at
+                          most book.SPILL_SHARE of its own groups are still out (book.Book.may_end); those go
+                          on in the next step (Book.spill, Book.carry) and train with it, an update later, K
+                          updates after the weights that began them, the rest K - 1. The bound per group, as
                           the paper's release keeps it in its staleness buffers (victor-yfzhao/psrl
                           pivotrl/workers/ps/staleness_controller.py: a sample begun under version v may enter
                           the buffers of updates v to v + K). "step": step-locked, the pipeline K deep, every
@@ -493,7 +492,7 @@ class Simulation:
             held = [s for s in self.slots if s.role == role]
             takes = self.step.dispatch(role, [len(s.running) for s in held], self._capacity(role))
             if self.rules.prefill_intake and self.placement == "pivot" and rnd.seconds is not None:
-                self._intake(role, takes, rnd.seconds)
+                self._prefill_intake(role, takes, rnd.seconds)
             for slot, new in zip(held, takes):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
@@ -511,7 +510,7 @@ class Simulation:
         seqs = len(self.step.queue[role]) + sum(len(s.running) for s in self.slots if s.role == role)
         return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots), self.max_staleness == 0)
 
-    def _intake(self, role: str, takes: list[list[int]], seconds: float) -> None:
+    def _prefill_intake(self, role: str, takes: list[list[int]], seconds: float) -> None:
         """RoundRules.prefill_intake: each slot keeps of its share what its engine prefills in `seconds`
         (its first request whatever its size); the rest goes back to the head of the queue."""
         speed = self.speeds.rollout if role == Role.ROLLOUT else self.speeds.judge
@@ -882,8 +881,8 @@ class Simulation:
         for s in self.slots:
             if s.role in ENGINE_ROLES and s.running and s.step_s:
                 self.fits[s.role].observe(len(s.running), s.step_s)
-        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), step_s=fit.fit()[0],
-                                                        per_seq_s=fit.fit()[1], max_seqs=self._capacity(role))
+        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), max_seqs=self._capacity(role),
+                                                        **dict(zip(("step_s", "per_seq_s"), fit.fit())))
                                          for role, fit in self.fits.items()})
         ranks = [planner.Rank(s.role, int(self._context(s.role, s.running)) if s.role in ENGINE_ROLES else 0,
                               self.now - s.shifted_at) for s in self.slots]
