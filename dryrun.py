@@ -4,13 +4,15 @@ no device and no weights: the models are built on the meta device (as accelerate
 does), from their config.json alone, to count their parameters and shapes.
 
 The placement is the one given: colocated and pivot start every rank in rollout (pivot's planner then
-moves them) and train on every rank at the step's end; disaggregated keeps its --split, and only the
-split's train ranks shard the training state. Per device, the figures are those of the GPU path (bf16
+moves them) and train on every rank at the step's end; disaggregated keeps its --split (of slots of
+--engine-tp ranks), and only the split's train ranks shard the training state. Per device, the figures are those of the GPU path (bf16
 engines and activations, fp32 master weights, grads and AdamW moments): a rollout or judge rank holds
-its model's weights and its engine's KV cache (`--kv-cache-mb`); a train rank holds its FSDP2 rows
+its share of its model's weights (all of them, or at --engine-tp T what vLLM gives one of the engine's T
+ranks: `engine_params_per_rank`) and its engine's KV cache (`--kv-cache-mb`, per rank); a train rank holds its FSDP2 rows
 (Shard(0), as `storage.shard_rows` splits them) of the master weights, grads and both moments, the
 root unit and two decoder layers gathered, and the largest of what one micro-batch adds on the way
-(`train_memory`). A rank that holds one role at a time (colocated, pivot) peaks at its largest role.
+(`train_memory`). The judge's engine stays on the device for the whole run (docs/gpu.md), so a rank peaks at
+it plus the larger of the policy's engine and the trainer.
 Per node, the Global Parameter Storage keeps one host copy of each model's weights and the policy's
 full training state.
 """
@@ -21,6 +23,7 @@ import torch
 
 import algorithm
 from roles import Role
+from shifting import book
 from roles.trainer import decoder_layers, inference_dtype, logit_chunk_positions
 from storage import shard_rows
 
@@ -28,8 +31,9 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
-def model_summary(model_dir: str, dtype: torch.dtype) -> dict:
-    """Parameter shapes, weight bytes and KV bytes per token of `model_dir`, from its config alone."""
+def model_summary(model_dir: str, dtype: torch.dtype, engine_tp: int = 1) -> dict:
+    """Parameter shapes, weight bytes and KV bytes per token of `model_dir`, from its config alone, and what one
+    rank of an engine of `engine_tp` ranks holds of its weights and of each token's KV cache."""
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(model_dir)
     try:
@@ -53,17 +57,49 @@ def model_summary(model_dir: str, dtype: torch.dtype) -> dict:
         sys.exit(f"{model_dir}: {e}")
     params = sum(math.prod(s) for s in shapes)
     layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    rank_kv_heads = engine_heads(model_dir, heads, kv_heads, engine_tp)
     return {"dir": model_dir, "architecture": ",".join(config.architectures or [type(model).__name__]),
             "shapes": shapes, "params": params, "layer_params": max(layer_params),
             "root_params": params - sum(layer_params), "largest_param": max(math.prod(s) for s in shapes),
             "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
             "kv_bytes_per_token": 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize,
+            "engine_tp": engine_tp, "engine_params_per_rank": engine_params_per_rank(model, rank_kv_heads, kv_heads, engine_tp),
+            "engine_kv_bytes_per_token": 2 * text.num_hidden_layers * rank_kv_heads * head_dim * dtype.itemsize,
             "layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
             "q_width": heads * head_dim, "kv_width": kv_heads * head_dim, "heads": heads,
             "intermediate": text.intermediate_size, "qk_norm": hasattr(layers[0].self_attn, "q_norm"),
             "experts": getattr(text, "num_experts", None) or 0,
             "experts_per_token": getattr(text, "num_experts_per_tok", None) or 0,
             "expert_intermediate": getattr(text, "moe_intermediate_size", None) or 0}
+
+
+def engine_heads(model_dir: str, heads: int, kv_heads: int, engine_tp: int) -> int:
+    """The KV heads one rank of an engine of `engine_tp` ranks holds, after vLLM's own checks
+    (ModelConfig.verify_with_parallel_config, QKVParallelLinear in vllm/model_executor/layers/linear.py): the
+    attention heads split evenly, and the KV heads too, or each is copied onto `engine_tp / kv_heads` ranks."""
+    if heads % engine_tp:
+        sys.exit(f"{model_dir}: its {heads} attention heads do not split over --engine-tp {engine_tp}: pass an "
+                 f"--engine-tp that divides {heads}")
+    if kv_heads % engine_tp and engine_tp % kv_heads:
+        sys.exit(f"{model_dir}: its {kv_heads} KV heads neither split over nor divide --engine-tp {engine_tp}: pass "
+                 f"an --engine-tp that {kv_heads} divides or that divides {kv_heads}")
+    return max(1, kv_heads // engine_tp)
+
+
+def engine_params_per_rank(model: torch.nn.Module, rank_kv_heads: int, kv_heads: int, engine_tp: int) -> int:
+    """Parameters one rank of an engine of `engine_tp` ranks holds: vLLM splits every matrix (the embedding and
+    the head by vocabulary rows, the projections and each expert's by their parallel dimension) with the
+    projections' biases, and copies the norms and a MoE router's gate to every rank; the K and V projections hold `rank_kv_heads` of
+    their `kv_heads` heads. Rounding of vocabulary padding aside (a few MiB)."""
+    total = 0
+    for name, p in model.named_parameters():
+        if (p.dim() < 2 and not name.endswith("_proj.bias")) or name.endswith("mlp.gate.weight"):
+            total += p.numel()
+        elif name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
+            total += p.numel() * rank_kv_heads // kv_heads
+        else:
+            total += -(-p.numel() // engine_tp)
+    return total
 
 
 def fsdp_rows(shapes: list[tuple], ranks: int) -> int:
@@ -152,30 +188,35 @@ def sizing(args, placement_options) -> dict:
     """The checked sizing of a run on `args.world_size` ranks under `placement_options`
     (shifting/placement.py's, as pivot_train.py checks them): roles, per-device bytes per role, per-node
     bytes."""
-    world = args.world_size
+    world, engine_tp = args.world_size, args.engine_tp
     if world < 1:
         sys.exit("--world-size must be at least 1")
     per_node = min(args.nproc_per_node, world)
     if world % per_node:
         sys.exit(f"--world-size {world} is not a whole number of nodes of --nproc-per-node {per_node}: "
                  f"pass --world-size {world + per_node - world % per_node} or a --nproc-per-node that divides {world}")
+    if per_node % engine_tp:
+        sys.exit(f"--engine-tp {engine_tp} does not divide the {per_node} ranks of a node: an engine spans ranks of "
+                 f"one node; pass an --engine-tp that divides --nproc-per-node")
     dtype, f32 = inference_dtype(torch.device("cuda")), torch.float32.itemsize
-    policy, judge = model_summary(args.policy, dtype), model_summary(args.judge_model, dtype)
-    kv = args.kv_cache_mb * MIB
+    policy, judge = model_summary(args.policy, dtype, engine_tp), model_summary(args.judge_model, dtype, engine_tp)
+    kv = {"policy": args.kv_cache_mb * MIB, Role.JUDGE: (args.judge_kv_cache_mb or args.kv_cache_mb) * MIB}
     for name, m in (("policy", policy), (Role.JUDGE, judge)):
-        tokens = kv // m["kv_bytes_per_token"]
+        tokens = kv[name] // m["engine_kv_bytes_per_token"]
         if tokens < args.max_model_len:
-            need = -(-args.max_model_len * m["kv_bytes_per_token"] // MIB)
-            sys.exit(f"--kv-cache-mb {args.kv_cache_mb} holds {tokens} tokens of the {name}'s KV cache, fewer than "
-                     f"one sequence of --max-model-len {args.max_model_len}: raise --kv-cache-mb to at least {need}")
+            need = -(-args.max_model_len * m["engine_kv_bytes_per_token"] // MIB)
+            flag = "--kv-cache-mb" if name == "policy" else "--judge-kv-cache-mb"
+            sys.exit(f"{flag} {kv[name] // MIB} holds {tokens} tokens of the {name}'s KV cache per rank, fewer than "
+                     f"one sequence of --max-model-len {args.max_model_len}: raise {flag} to at least {need}")
     from shifting.placement import Placement
-    placement = Placement(placement_options, world)
-    roles, train_ranks = placement.start_roles(), placement.most_train_ranks()
+    placement = Placement(placement_options, world // engine_tp)
+    roles = book.rank_roles(placement.start_roles(), engine_tp)
+    train_ranks = placement.most_train_ranks() * engine_tp
     reference = algorithm.from_args(args).keeps_reference
     train, train_peak = train_memory(policy, train_ranks, micro_batch_shape(args),
                                      activation_checkpointing=args.activation_checkpointing, kl=reference)
-    device = {Role.ROLLOUT: {"weights": policy["params"] * dtype.itemsize, "kv_cache": kv},
-              Role.JUDGE: {"weights": judge["params"] * dtype.itemsize, "kv_cache": kv},
+    device = {Role.ROLLOUT: {"weights": policy["engine_params_per_rank"] * dtype.itemsize, "kv_cache": kv["policy"]},
+              Role.JUDGE: {"weights": judge["engine_params_per_rank"] * dtype.itemsize, "kv_cache": kv[Role.JUDGE]},
               Role.TRAIN: train}
     node = {"policy_weights": policy["params"] * dtype.itemsize, "judge_weights": judge["params"] * dtype.itemsize,
             "policy_train_state_fp32": 3 * policy["params"] * f32 + policy["buffer_bytes"]}
@@ -190,20 +231,24 @@ def sizing(args, placement_options) -> dict:
         notes.append(f"a minibatch of {samples // args.minibatches} samples over {train_ranks} train ranks: "
                      f"some ranks train on nothing (raise --prompts-per-step or lower --minibatches)")
     need = {role: sum(parts.values()) for role, parts in device.items()}
-    peak_role = max(need, key=need.get)
-    peak = need[peak_role]
+    # On GPU the judge's engine keeps its weights and KV cache on the device for the whole run, beside the
+    # policy's engine (asleep while the rank does anything else) or the trainer (docs/gpu.md, "Memory per device").
+    peak_role = max((Role.ROLLOUT, Role.TRAIN), key=need.get)
+    peak = need[Role.JUDGE] + need[peak_role]
     if args.device_memory_gib and peak > args.device_memory_gib * GIB:
         change = ("raise --world-size or the split's train ranks, lower --micro-batch or --micro-batch-tokens, or "
                   "pass --activation-checkpointing" if peak_role == Role.TRAIN else
-                  "lower --kv-cache-mb, or use a smaller model: each engine holds its whole model "
-                  "(tensor_parallel_size=1)")
-        sys.exit(f"a {peak_role} rank would need {_size(peak)}, over --device-memory-gib {args.device_memory_gib}: "
-                 f"{change}")
+                  f"raise --engine-tp (now {engine_tp}) to spread each engine over more of a node's ranks, lower "
+                  f"--kv-cache-mb, or use a smaller model")
+        sys.exit(f"a {peak_role} rank would need {_size(peak)} with the judge's engine beside it ({_size(need[Role.JUDGE])}), "
+                 f"over --device-memory-gib {args.device_memory_gib}: {change}; or lower --judge-kv-cache-mb")
     return {"world_size": world, "nodes": world // per_node, "ranks_per_node": per_node, "dtype": str(dtype),
+            "engine_tp": engine_tp, "engines": world // engine_tp,
             "placement": args.placement, "roles": roles, "train_ranks": train_ranks, "train_peak": train_peak,
             "micro_batch": dict(zip(("tokens", "response_positions", "longest"), micro_batch_shape(args))),
             "activation_checkpointing": args.activation_checkpointing, "policy": _public(policy),
-            Role.JUDGE: _public(judge), "device_bytes": device, "device_peak_bytes": peak, "node_host_bytes": node,
+            Role.JUDGE: _public(judge), "device_bytes": device, "device_peak_bytes": peak, "peak_role": peak_role,
+            "node_host_bytes": node,
             "notes": notes}
 
 
@@ -220,6 +265,10 @@ def print_sizing(p: dict) -> None:
         count = f"{m['params'] / 1e9:.2f}B" if m["params"] >= 1e9 else f"{m['params'] / 1e6:.2f}M"
         print(f"  {name}: {m['architecture']}, {count} parameters, "
               f"KV cache {m['kv_bytes_per_token']} bytes/token ({m['dir']})")
+    if p["engine_tp"] > 1:
+        print(f"engines: {p['engines']} slots of {p['engine_tp']} ranks (--engine-tp), each rank holding 1/{p['engine_tp']} "
+              f"of an engine (KV cache per token and rank: policy {p['policy']['engine_kv_bytes_per_token']} bytes, judge "
+              f"{p[Role.JUDGE]['engine_kv_bytes_per_token']}); a slot's ranks change role together")
     print(f"initial assignment ({THEN[p['placement']]}):")
     for role in sorted(set(p["roles"])):
         ranks = [r for r, held in enumerate(p["roles"]) if held == role]
@@ -233,7 +282,8 @@ def print_sizing(p: dict) -> None:
         detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
         when = f"; at its peak, {p['train_peak']}" if role == Role.TRAIN else ""
         print(f"  {role:8s} {_size(sum(parts.values())):>10s}  ({detail}{when})")
-    print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the largest role a rank holds)")
+    print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the judge's engine, on the device throughout, and {p['peak_role']}: "
+          f"the larger of the roles beside it)")
     node = p["node_host_bytes"]
     print(f"host shared memory per node: {_size(sum(node.values()))} ("
           + ", ".join(f"{k} {_size(v)}" for k, v in node.items()) + ")")

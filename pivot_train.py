@@ -58,6 +58,7 @@ Across GPU nodes, on each node:
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
         pivot_train.py --policy /models/policy --judge-model /models/judge --data train.jsonl \\
         --eval-data eval.jsonl --judge-template judge.txt --out /runs/exp1
+(a model that one GPU cannot hold, such as a 72B policy: add --engine-tp 8, engines of 8 GPUs each).
 Checking a configuration for 128 ranks first, without torchrun and without loading any weights:
     python pivot_train.py --dry-run --world-size 128 --policy /models/policy --judge-model /models/judge ...
 """
@@ -89,12 +90,12 @@ import pipeline
 import report
 from planner import parse_split
 from algorithm import NEEDS_REFERENCE, Recipe, group_advantages, matches_reference
-from roles import Role, logs
+from roles import ENGINE_ROLES, Role, logs
 from roles.engine import ENGINE_OVERHEAD_MB
 from roles.judge import JUDGE_KINDS, PARSE_RULES, Judge, fill_template
 from roles.rollout import RolloutEngine, Sample
 from roles.trainer import PolicyTrainer
-from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, shutdown_distributed
+from runtime import Dist, busy_fraction, cpu_ticks, init_distributed, init_slots, shutdown_distributed
 from shifting import book
 from shifting.context import RoleContext
 from shifting.placement import Placement, PlacementOptions
@@ -186,15 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colocated: every rank rolls out, then judges, then trains; disaggregated: a fixed "
                         "--split of ranks per role; pivot: the planner moves ranks between roles as the step runs")
     g.add_argument("--split", default=None,
-                   help="disaggregated: ranks per role in rank order, e.g. rollout=2,judge=1,train=1")
+                   help="disaggregated: slots (ranks, or --engine-tp ranks each) per role in rank order, e.g. "
+                        "rollout=2,judge=1,train=1")
+    g.add_argument("--engine-tp", type=int, default=1, metavar="T",
+                   help="ranks per rollout and judge engine (vLLM tensor parallel), of one node: T divides the ranks "
+                        "per node; a slot of T ranks is what the planner moves and --split counts; train stays FSDP2 "
+                        "over the train slots' ranks")
     g.add_argument("--force-shifts", type=int, default=None, metavar="SEED",
                    help="replace the plan by a seeded random schedule of moves between engine steps, to "
                         "exercise sequence migration and role shifts on your own setup")
     g.add_argument("--force-shift-rate", type=float, default=0.2,
                    help="with --force-shifts, the chance of a move at each engine step")
-    g.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine, MiB")
+    g.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine on each of its ranks, MiB")
     g.add_argument("--judge-kv-cache-mb", type=int, default=None,
-                   help="KV cache of the judge's engine, MiB (default: --kv-cache-mb); on GPU it stays on the "
+                   help="KV cache of the judge's engine on each of its ranks, MiB (default: --kv-cache-mb); on GPU it stays on the "
                         "device for the whole run, beside whatever the rank does")
     g.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
                    help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
@@ -265,6 +271,7 @@ NUMBER_RULES = [
     ("kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the policy engine's KV cache)"),
     ("judge_kv_cache_mb", lambda v: v >= 1, "at least 1 (MiB of the judge engine's KV cache; unset: --kv-cache-mb)"),
     ("engine_overhead_mb", lambda v: v >= 0, "0 or more (MiB an engine takes on a GPU beyond weights and KV cache)"),
+    ("engine_tp", lambda v: v >= 1, "at least 1 (ranks per rollout and judge engine)"),
     ("max_seqs", lambda v: v >= 1, "at least 1 (sequences in flight per engine)"),
     ("round_steps", lambda v: v >= 1, "at least 1 (engine steps between reports to rank 0)"),
     ("max_staleness", lambda v: v >= 0, "0 or more (updates by which the rollout may run ahead; 0: on-policy)"),
@@ -323,15 +330,24 @@ def check_config(args) -> tuple[str, PlacementOptions]:
     return template, placement_options
 
 
+def slot_size(args) -> int:
+    """The ranks of a slot: every rollout and judge engine spans --engine-tp ranks (book.slot_shape, which the
+    simulator's slots follow too)."""
+    return book.slot_shape({role: args.engine_tp for role in ENGINE_ROLES})[0]
+
+
 def check_placement(args, world_size: int) -> PlacementOptions:
-    """The options of the placement (shifting/placement.py), a disaggregated run's --split parsed for
-    `world_size` ranks."""
+    """The options of the placement (shifting/placement.py), a disaggregated run's --split parsed for the
+    slots (--engine-tp ranks each) of `world_size` ranks."""
+    if world_size % slot_size(args):
+        sys.exit(f"--engine-tp {args.engine_tp} does not divide the world's {world_size} ranks: an engine spans "
+                 f"--engine-tp ranks of one node; pass an --engine-tp that divides the ranks per node")
     split = None
     if args.placement == "disaggregated":
         if not args.split:
             sys.exit("--placement disaggregated needs --split, e.g. --split rollout=2,judge=1,train=1")
         try:
-            split = tuple(parse_split(args.split, world_size))
+            split = tuple(parse_split(args.split, world_size // slot_size(args), slot_size(args)))
         except ValueError as e:
             sys.exit(str(e))
         if Role.TRAIN not in split:
@@ -502,7 +518,8 @@ def main(argv=None):
 
     on_gpu = d.device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    placement, sampling = Placement(placement_options, d.world_size), sampling_options(args)
+    init_slots(d, slot_size(args))
+    placement, sampling = Placement(placement_options, d.slots), sampling_options(args)
     algo = algorithm.from_args(args)
     train_state = TrainState(d, args.policy, keep_reference=algo.keeps_reference, keep_grads=placement.early_train)
     storage = ParameterStorage(d, "policy", train_state.weight_shapes(dtype))
@@ -513,7 +530,7 @@ def main(argv=None):
     # Both engines' weights come from storage. On GPU the policy's engine is the process's one sleep-mode
     # engine (it starts asleep); the judge's keeps its weights and KV cache on the device (README, "GPUs
     # and several nodes").
-    engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20)
+    engines = dict(from_storage=True, overhead_bytes=args.engine_overhead_mb << 20, tensor_parallel=args.engine_tp)
     rollout_engine = RolloutEngine(args.policy, policy_tok, seed=args.seed, max_model_len=args.max_model_len,
                                    kv_cache_bytes=args.kv_cache_mb << 20, sleep_mode=True, **engines)
     judge = Judge(args.judge_model, judge_tok, template, seed=args.seed, max_model_len=args.max_model_len,
@@ -693,7 +710,7 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
     early_train = placement.early_train and (train_pool is not None or not args.max_staleness)
     ahead = ahead if early_train else None
     queues = StepQueues(prompts, step=step, sampling=sampling, algo=algo, round_steps=args.round_steps,
-                        ranks=d.world_size,
+                        ranks=d.slots,
                         early_train=early_train, train_speed=placement.train_speed, train_pool=train_pool,
                         skipped_in_row=skipped_in_row, version=context.storage[Role.ROLLOUT].version,
                         ahead=ahead, carried=carried, trace=args.trace_rounds,
@@ -822,14 +839,14 @@ def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: li
     --temperature. Every rank answers, then every rank judges, each in that role (on GPU the other
     engine is asleep); the ranks then go back to the roles they held."""
     held = list(context.roles)
-    shifts = context.apply([Role.ROLLOUT] * d.world_size)
-    mine = list(range(d.rank, len(eval_set), d.world_size))
+    shifts = context.apply([Role.ROLLOUT] * d.slots)
+    mine = list(range(d.slot, len(eval_set), d.slots))  # every rank of a slot answers the same share
     responses = engine.greedy([eval_set[i]["prompt_ids"] for i in mine], args.max_response_tokens)
     accuracy = sampled_accuracy(d, engine, eval_set, mine, args)
     samples = [Sample(i, 0, eval_set[i]["prompt_ids"], [], [], "eval", response=r,
                       reference=eval_set[i]["reference"], prompt=eval_set[i]["prompt"], rubric=eval_set[i]["rubric"])
                for i, r in zip(mine, responses)]
-    shifts += context.apply([Role.JUDGE] * d.world_size)
+    shifts += context.apply([Role.JUDGE] * d.slots)
     judge.judge(samples, step)
     shifts += context.apply(held)
     # A judge "says correct" when its reward is at least half (a verdict of correct; a score of 6 or more).
@@ -837,7 +854,7 @@ def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: li
              None if (reward := judge.parse(s.critique)) is None else reward >= 0.5) for s in samples]
     per_rank = [None] * d.world_size
     dist.all_gather_object(per_rank, rows, group=d.control)
-    rows = [r for got in per_rank for r in got]
+    rows = [r for got in per_rank[::d.slot_size] for r in got]
     confusion = {"judge_correct_ref_correct": 0, "judge_correct_ref_wrong": 0,
                  "judge_wrong_ref_correct": 0, "judge_wrong_ref_wrong": 0, "judge_unparsed": 0}
     for correct, verdict in rows:
@@ -859,7 +876,7 @@ def sampled_accuracy(d: Dist, engine: RolloutEngine, eval_set: list[dict], mine:
     per_rank = [None] * d.world_size
     dist.all_gather_object(per_rank, [(eval_set[i]["reference"], texts) for i, texts in zip(mine, sampled)],
                            group=d.control)
-    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for got in per_rank for a in got],
+    return {f"eval_accuracy_avg@{args.eval_samples}": avg_at_k([a for got in per_rank[::d.slot_size] for a in got],
                                                                 args.answer_marker)}
 
 

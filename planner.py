@@ -409,8 +409,9 @@ class LengthEstimate:
         return float(self.lengths.mean()) if len(self.lengths) else float(self.budget)
 
 
-def parse_split(text: str, world_size: int) -> list[str]:
-    """--split rollout=2,judge=1,train=1 -> each rank's role, in blocks (rollout ranks first)."""
+def parse_split(text: str, world_size: int, slot_size: int = 1) -> list[str]:
+    """--split rollout=2,judge=1,train=1 -> each slot's role, in blocks (rollout slots first), for a world of
+    `world_size` slots of `slot_size` ranks (--engine-tp; 1: a slot is a rank)."""
     counts = {}
     for part in text.split(","):
         role, _, n = part.partition("=")
@@ -426,6 +427,10 @@ def parse_split(text: str, world_size: int) -> list[str]:
     total = sum(counts.values())
     if total != world_size:
         change = f"add {world_size - total}" if total < world_size else f"remove {total - world_size}"
+        if slot_size > 1:
+            raise ValueError(f"--split {text} places {total} slot(s) of --engine-tp {slot_size} ranks but the world "
+                             f"has {world_size}: {change} slot(s) in --split, or launch with --nproc_per_node x "
+                             f"--nnodes = {total * slot_size}")
         raise ValueError(f"--split {text} places {total} rank(s) but the world has {world_size}: {change} "
                          f"rank(s) in --split, or launch with --nproc_per_node x --nnodes = {total}")
     return [role for role in ROLES for _ in range(counts.get(role, 0))]

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from shifting import book
+
 
 @dataclass
 class Dist:
@@ -24,10 +26,34 @@ class Dist:
     # This rank and the ranks of the same local index on the other nodes, on the tensor backend: the
     # rows a rank writes to storage go to the other nodes' replicas here (None on one node).
     peers: dist.ProcessGroup | None = None
+    # A slot: the --engine-tp consecutive ranks that run one rollout or judge engine and change role together
+    # (shifting/book.py slot_ranks); the gloo group of this rank's slot (None at one rank a slot).
+    slot_size: int = 1
+    slot_group: dist.ProcessGroup | None = None
 
     @property
     def node(self) -> int:
         return self.rank // self.local_world_size
+
+    @property
+    def slot(self) -> int:
+        return self.rank // self.slot_size
+
+    @property
+    def slots(self) -> int:
+        return self.world_size // self.slot_size
+
+
+def init_slots(d: Dist, size: int) -> None:
+    """Lays the ranks out in slots of `size` (--engine-tp), each on one node, and makes each slot's gloo group
+    (collective: every rank makes every slot's group, in order, and keeps its own)."""
+    if d.local_world_size % size:
+        raise SystemExit(f"--engine-tp {size} does not divide the {d.local_world_size} ranks of a node: an engine "
+                         f"spans ranks of one node; pass an --engine-tp that divides --nproc_per_node")
+    d.slot_size = size
+    if size > 1:
+        groups = [dist.new_group(list(book.slot_ranks(slot, size)), backend="gloo") for slot in range(d.slots)]
+        d.slot_group = groups[d.slot]
 
 
 def init_distributed() -> Dist:
@@ -84,7 +110,7 @@ def shutdown_distributed(d: Dist) -> None:
     # interpreter exits, a worker still releasing its last collective's tensors asks for the GIL
     # while the interpreter finalizes, and the process dies in std::terminate (seen about once in 15
     # launches). Dropping ours here joins them first.
-    d.control = d.tensors = d.store = d.watch = d.peers = None
+    d.control = d.tensors = d.store = d.watch = d.peers = d.slot_group = None
     gc.collect()
 
 

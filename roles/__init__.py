@@ -3,8 +3,10 @@ name for each concept in the code, its flags, its records and the docs (tests/un
 holds the code to some of it).
 
 - role: what a rank does now: rollout (the policy's vLLM engine), judge (the judge's) or train (FSDP2).
-- rank: one process of the run (torchrun's), on a device of its own; slot: in sim/ only, a simulated
-  rank: the devices one instance of the widest role needs, holding one role at a time.
+- rank: one process of the run (torchrun's), on a device of its own; slot: the ranks one engine spans
+  (--engine-tp consecutive ranks of one node; in sim/, the devices one instance of the widest role needs),
+  holding one role at a time: what the planner moves, the scheduler orders and --split counts
+  (shifting/book.py slot_shape); at --engine-tp 1 a slot is a rank.
 - step: one RL step, one update: `--prompts-per-step` prompts x `--group-size` responses rolled out,
   judged and trained on; `--steps` counts them.
 - engine step: one step of a vLLM engine (`Engine.step`): each running sequence decodes a token, new

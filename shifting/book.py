@@ -85,6 +85,29 @@ def round_seconds(round_steps: int, median_engine_step_s: float | None, longest_
     return max(round_steps * engine_step_s, over_exchange * exchange_s, over_longest * longest_engine_step_s)
 
 
+def slot_shape(tensor_parallel: dict[str, int]) -> tuple[int, dict[str, int]]:
+    """A slot: what the planner moves, the scheduler orders and a placement counts. It is the ranks (devices)
+    one engine of the widest engine role spans (`tensor_parallel`: role -> ranks per engine), holds one role
+    at a time, and runs as many engines of each role as fit in it. Returns the slot's ranks and each engine
+    role's engines per slot. The loop's engines all span --engine-tp ranks: one engine a slot."""
+    size = max(tensor_parallel.values())
+    for role, tp in tensor_parallel.items():
+        if tp < 1 or size % tp:
+            raise ValueError(f"a {role} engine of {tp} ranks does not divide a slot of {size}")
+    return size, {role: size // tp for role, tp in tensor_parallel.items()}
+
+
+def slot_ranks(slot: int, size: int) -> range:
+    """The ranks of slot `slot`, slots of `size` ranks in rank order (vLLM's layout of engines over the torch
+    world under its external launcher: initialize_model_parallel in vllm/distributed/parallel_state.py)."""
+    return range(slot * size, (slot + 1) * size)
+
+
+def rank_roles(slot_roles: list[str], size: int) -> list[str]:
+    """Each rank's role, from each slot's."""
+    return [role for role in slot_roles for _ in range(size)]
+
+
 def empty_enough(ranks: int, share: float = EMPTY_SHARE) -> int:
     """How many ranks must have run empty to end a round early for every rank: `share` of them, one at least."""
     return max(1, math.ceil(ranks * share))

@@ -47,6 +47,7 @@ import torch.distributed as dist
 import faults
 from roles import ROLES, Role
 from runtime import Dist
+from shifting import book
 
 STAGES = ("drain", "offload", "onload", "ready")
 KEPT_GROUPS = 2  # the current train group and the previous one
@@ -60,31 +61,33 @@ class RoleContext:
 
     def __init__(self, d: Dist, roles: list[str], *, policy, judge, train_state, rollout_engine,
                  judge_engine, make_trainer, observer=None):
-        assert len(roles) == d.world_size and set(roles) <= set(ROLES), roles
-        self.d, self.roles = d, list(roles)
+        assert len(roles) == d.slots and set(roles) <= set(ROLES), roles
+        self.d, self.roles = d, list(roles)  # each slot's role (--engine-tp ranks; one rank at 1)
         self.storage = {Role.ROLLOUT: policy, Role.JUDGE: judge}
         self.engines = {Role.ROLLOUT: rollout_engine, Role.JUDGE: judge_engine}
         self.train_state, self.make_trainer, self.observer = train_state, make_trainer, observer
         self.groups, self.rng = {}, {}
         self.loaded = {Role.ROLLOUT: None, Role.JUDGE: None}  # the version each engine holds (None: from disk)
         self.parked = None  # CPU: the trainer kept allocated while this rank holds another role
-        train = train_ranks(self.roles)
+        train = train_ranks(self.roles, d.slot_size)
         group = self._group(train) if train else None
         self.trainer = make_trainer(group) if self.role == Role.TRAIN else None
 
     @property
     def role(self) -> str:
-        return self.roles[self.d.rank]
+        return self.roles[self.d.slot]
 
     def apply(self, roles: list[str], gather: bool = True) -> list[dict]:
-        """Moves every rank to its role in `roles` (every rank passes the same); returns each shifted
+        """Moves every slot's ranks to the slot's role in `roles` (every rank passes the same: a slot is
+        --engine-tp ranks, book.slot_ranks, and its ranks shift together); returns each shifted
         rank's record {rank, from, to, seconds, drain, offload, onload, ready, bytes}, the same on every
         rank. Collective where the train group changes (the state is saved, a group made) and to gather
         the records; with `gather` False, a shift between engine roles is this rank's alone (no rank waits
         for another's) and only this rank's record comes back."""
-        assert len(roles) == self.d.world_size and set(roles) <= set(ROLES), roles
-        old, new = self.role, roles[self.d.rank]
-        regroup = train_ranks(roles) != train_ranks(self.roles)
+        assert len(roles) == self.d.slots and set(roles) <= set(ROLES), roles
+        size = self.d.slot_size
+        old, new = self.role, roles[self.d.slot]
+        regroup = train_ranks(roles, size) != train_ranks(self.roles, size)
         moving = old != new or (regroup and new == Role.TRAIN)
         # An engine that keeps its role still loads a newer published version (disaggregated rollout),
         # and one still asleep wakes (a policy engine created asleep).
@@ -98,13 +101,13 @@ class RoleContext:
         with stage(seconds, "offload"):
             # Every rank takes part; the train ranks write their rows. With no train rank yet there is
             # nothing to save (and a save in which no rank writes leaves storage as it is).
-            if regroup and train_ranks(self.roles):
+            if regroup and train_ranks(self.roles, size):
                 self.train_state.save(self.trainer)
             if moving:
                 self._offload(old)
                 faults.point("shift", self.d.rank)
         with stage(seconds, "onload"):
-            group = self._group(train_ranks(roles)) if regroup and Role.TRAIN in roles else None
+            group = self._group(train_ranks(roles, size)) if regroup and Role.TRAIN in roles else None
             if moving:
                 moved = self._onload(new, group)
             elif refresh:
@@ -201,8 +204,9 @@ def set_rng_state(state) -> None:
         torch.cuda.set_rng_state(cuda)
 
 
-def train_ranks(roles: list[str]) -> list[int]:
-    return [rank for rank, role in enumerate(roles) if role == Role.TRAIN]
+def train_ranks(roles: list[str], slot_size: int) -> list[int]:
+    """The ranks of the train slots: one FSDP2 group."""
+    return [rank for rank, role in enumerate(book.rank_roles(roles, slot_size)) if role == Role.TRAIN]
 
 
 @contextmanager

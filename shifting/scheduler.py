@@ -12,6 +12,8 @@ by a shift; requests in flight; the engine steps they took; their shift) and ran
 round. A rank told to change role first exports its in-flight requests; they go back to the head of
 their queue and resume on another rank with prompt + generated as the prompt and their sampler's
 state, so a migrated sequence comes out token for token as it would have without the move.
+With --engine-tp T rank 0 decides all this for slots of T ranks (one engine each; `_exchange`): every rank
+of a slot gets the slot's orders, and rank 0 reads its first rank's report.
 
 How long a round lasts is the placement's to say (`Rounds`): a placement that cannot change anything
 before every engine has run empty (colocated, with nothing queued) works until then and reports once;
@@ -53,6 +55,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 import faults
@@ -611,7 +614,7 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
             publish_update(context, orders.publish)
         if orders.roles != context.roles or orders.publish is not None:
             engine = context.engines.get(context.role)
-            if engine is not None and orders.roles[d.rank] != context.role:
+            if engine is not None and orders.roles[d.slot] != context.role:
                 exported = engine.export()
             elif engine is not None and context.role == Role.ROLLOUT and orders.publish is not None:
                 reloaded = engine.export()  # they go on here, under the new weights
@@ -625,7 +628,7 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
             report.train_s += time.perf_counter() - start
         if engine is not None:
             engine.add(reloaded + orders.work)
-            finished, report.engine_steps = _work(engine, orders, context.role, d.rank, timeline, ending)
+            finished, report.engine_steps = _work(d, engine, orders, context.role, timeline, ending)
             _read(report, finished, step_prompts, rollout, judge)
             first = [seconds for _, seconds, _ in report.engine_steps[:1]]
             (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(first)
@@ -636,8 +639,8 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
         engine = context.engines.get(context.role)
         left = [None] * d.world_size if d.rank == 0 else None
         dist.gather_object(engine.export() if engine is not None else [], left, dst=0, group=d.control)
-        if d.rank == 0:
-            queues.carry([request for exported in left for request in exported])
+        if d.rank == 0:  # a slot's ranks export the same requests: its first rank's go on
+            queues.carry([request for exported in left[::d.slot_size] for request in exported])
     done = [(queues.ordered_samples(), {"groups": queues.trained, **queues.early, "update": queues.update},
              queues.shifts) if d.rank == 0 else None]
     dist.broadcast_object_list(done, src=0, group=d.control)
@@ -671,20 +674,22 @@ def _read(report: Report, finished: list[tuple[Request, Completion]], step_promp
         report.error = str(e)
 
 
-def _work(engine, orders: Orders, role: str, rank: int, timeline,
+def _work(d, engine, orders: Orders, role: str, timeline,
           ending: RoundEnd) -> tuple[list, list[tuple[int, float, int]]]:
     """Steps `engine` until the round ends or it runs empty; returns what finished and the engine steps taken.
-    In a timed round, a rank past its time goes on stepping until every rank is past its own."""
+    In a timed round, a rank past its time goes on stepping until every rank is past its own. The ranks of
+    an engine of several (--engine-tp) agree before each engine step whether to stop, as each step is
+    collective among them."""
     finished, engine_steps = [], []
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
     while engine.in_flight() and (limit.engine_steps is None or len(engine_steps) < limit.engine_steps):
-        if ending.stop(limit, start):
+        if _slot_agree(d, ending.stop(limit, start)):
             break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
             finished += engine.step()
-        faults.point(role, rank)
+        faults.point(role, d.rank)
         engine_steps.append((batch, time.perf_counter() - begin, prefill))
         prefill = 0
     if limit.seconds is not None:
@@ -693,6 +698,15 @@ def _work(engine, orders: Orders, role: str, rank: int, timeline,
         else:
             ending.arrive()
     return finished, engine_steps
+
+
+def _slot_agree(d, mine: bool) -> bool:
+    """Whether any rank of this rank's slot says yes (one rank a slot: its own answer)."""
+    if d.slot_size == 1:
+        return mine
+    flag = torch.tensor([int(mine)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=d.slot_group)
+    return bool(flag.item())
 
 
 def _train(trainer, orders: Orders, timeline, ending: RoundEnd) -> dict:
@@ -721,12 +735,15 @@ def _extra_seconds(resumed_steps: list[float], plain_steps: list[float]) -> floa
 
 def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: list[str], rng, capacity,
               round_s: float) -> Orders:
-    """All ranks' reports to rank 0; its orders back to each rank."""
+    """All ranks' reports to rank 0; its orders back to each rank. Rank 0 decides for slots (--engine-tp ranks
+    each: one rank at 1): a slot's ranks run one engine, so its first rank's report is the slot's, and every
+    rank of a slot gets the slot's orders."""
     reports = [None] * d.world_size if d.rank == 0 else None
     dist.gather_object(report, reports, dst=0, group=d.control)
     orders = [None] * d.world_size
     if d.rank == 0:
-        orders = _decide(reports, queues, next_roles, roles, rng, capacity, round_s)
+        decided = _decide(reports[::d.slot_size], queues, next_roles, roles, rng, capacity, round_s)
+        orders = [decided[rank // d.slot_size] for rank in range(d.world_size)]
     mine = [None]
     dist.scatter_object_list(mine, orders if d.rank == 0 else None, src=0, group=d.control)
     return mine[0]

@@ -22,6 +22,7 @@ import numpy as np
 
 from planner import EngineSpeed, LinearFit, Speeds
 from roles import ROLES, Role
+from shifting import book
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 TEXT_KEYS = {"about", "policy", Role.JUDGE}
@@ -201,11 +202,13 @@ class GpuModel(CostModel):
         self.models = {Role.ROLLOUT: cal["models"][g["policy"]], Role.JUDGE: cal["models"][g[Role.JUDGE]]}
         m = lambda role, key: self.models[role][key]["value"]  # noqa: E731
         self.tp = {role: int(value(cal, f"groups.{group}.tp_{role}")) for role in (Role.ROLLOUT, Role.JUDGE)}
-        self.slot_gpus = max(self.tp.values())
+        try:
+            self.slot_gpus, self.instances = book.slot_shape(self.tp)
+        except ValueError as e:
+            raise CalibrationError(f"groups.{group}: {e}") from None
         self.hbm, self.flops = hw("hbm_bytes_per_s"), hw("matmul_flops")
         self.wbytes, self.kvbytes = hw("weight_bytes_per_param"), hw("kv_bytes_per_value")
         self.m = m
-        self.instances = {role: self.slot_gpus // self.tp[role] for role in self.tp}
         self.kv_per_token = {role: 2 * m(role, self.kv_layers) * m(role, "kv_heads") * m(role, "head_dim")
                              * self.kvbytes for role in self.tp}
         policy = m(Role.ROLLOUT, "params")

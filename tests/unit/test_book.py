@@ -9,7 +9,7 @@ import pytest
 from algorithm import Algorithm
 import planner
 from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, publish_due,
-                           requeue, round_seconds, shares, update_due, update_roles)
+                           rank_roles, requeue, round_seconds, shares, slot_ranks, slot_shape, update_due, update_roles)
 from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -222,3 +222,21 @@ def test_steps_begun_one_after_another_join_the_book_in_order_and_leave_it_one_a
     last = nxt.carry([6, 7])
     assert last is third and last.aheads == [] and list(last.queue["judge"]) == [2, 3]
     assert last.judged == 2 and last.group_left.tolist() == [0, 2] and last.tokens.tolist() == [18.0, 19.0, 20.0, 21.0]
+
+
+def test_a_slot_is_the_widest_engine_s_ranks_and_holds_one_role():
+    """--engine-tp 2 on six ranks: slots {0, 1}, {2, 3}, {4, 5}, each one engine of either role; the simulator's
+    slot of a group whose judge spans 4 GPUs and policy 1 runs four policy engines."""
+    assert slot_shape({"rollout": 2, "judge": 2}) == (2, {"rollout": 1, "judge": 1})
+    assert slot_shape({"rollout": 1, "judge": 4}) == (4, {"rollout": 4, "judge": 1})
+    with pytest.raises(ValueError, match="a rollout engine of 3 ranks does not divide a slot of 4"):
+        slot_shape({"rollout": 3, "judge": 4})
+    assert [list(slot_ranks(s, 2)) for s in range(3)] == [[0, 1], [2, 3], [4, 5]]
+    assert rank_roles(["judge", "rollout", "train"], 2) == ["judge", "judge", "rollout", "rollout", "train", "train"]
+
+
+def test_the_simulator_lays_out_its_slots_by_the_book(book_calls):
+    asked = book_calls("slot_shape")
+    model = C.GpuModel(C.load(), "moe-235b-a22b-32b")  # a policy engine of 8 GPUs, judge engines of 1
+    assert (model.slot_gpus, model.instances) == (8, {"rollout": 1, "judge": 8})
+    assert [(module, answer) for module, _, _, answer in asked] == [("sim.calibration", (8, {"rollout": 1, "judge": 8}))]

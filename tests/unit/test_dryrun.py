@@ -56,7 +56,9 @@ def test_sizes_128_ranks_from_configs_alone(config_only, capsys):
     # rank 0's FSDP2 rows: a 128th of every parameter, rounded up per tensor
     assert 4 * params / 128 <= train["master_fp32"] < 4 * params / 128 * 1.05
     assert train["grads_fp32"] == train["master_fp32"] and train["adamw_moments_fp32"] == 2 * train["master_fp32"]
-    assert sizing["device_peak_bytes"] == sum(sizing["device_bytes"]["rollout"].values())
+    # the judge's engine stays on the device beside the larger of the other two roles
+    assert sizing["device_peak_bytes"] == sum(sizing["device_bytes"]["rollout"].values()) + \
+        sum(sizing["device_bytes"]["judge"].values()) and sizing["peak_role"] == "rollout"
     # fewer train ranks, bigger shards
     small = dry_run(args_for(config_only, "--world-size", 16))
     assert small["device_bytes"]["train"]["master_fp32"] > 7 * train["master_fp32"]
@@ -169,3 +171,48 @@ def test_activations_per_layer_against_a_measured_forward(arch, dtype, tmp_path)
     counted = dryrun.layer_activation_bytes(dryrun.model_summary(str(tmp_path), dtype), dtype)
     for measured in saved_per_layer(model, ids, attention):
         assert measured <= counted <= 1.25 * measured
+
+
+PAPER = ["--dry-run", "--world-size", 128, "--nproc-per-node", 8, "--policy", ROOT / "models/configs/qwen2.5-72b",
+         "--judge-model", ROOT / "models/configs/qwen3-30b-a3b", "--max-model-len", 8192, "--kv-cache-mb", 20480,
+         "--device-memory-gib", 141, "--micro-batch", 1, "--activation-checkpointing"]
+
+
+def test_the_paper_s_72b_policy_fits_h200_ranks_at_engine_tp_8():
+    """Qwen2.5-72B's and Qwen3-30B-A3B's public configs (models/configs) on 128 H200 ranks: at --engine-tp 1 a
+    rollout rank would hold the whole 72B engine (135.43 GiB of bf16 weights and 20 GiB of KV cache) beside the
+    judge's (76.87 GiB), and the dry run says to raise --engine-tp; at 8 each rank holds an eighth of each matrix, the K and V projections'
+    8 KV heads one each (the judge's 4 copied onto two ranks each), and every role fits."""
+    with pytest.raises(SystemExit, match=r"a rollout rank would need 232.30 GiB with the judge's engine beside it \(76.87 GiB\).*raise --engine-tp \(now 1\)"):
+        dry_run(PAPER)
+    sizing = dry_run(PAPER + ["--engine-tp", 8])
+    policy, judge = sizing["policy"], sizing["judge"]
+    assert policy["params"] == 72_706_203_648 and sizing["engines"] == 16
+    # every matrix and projection bias split eight ways; the norms (two per layer and the final one) on every rank
+    norms = (2 * 80 + 1) * 8192
+    assert policy["engine_params_per_rank"] == (policy["params"] - norms) // 8 + norms
+    assert policy["engine_kv_bytes_per_token"] == policy["kv_bytes_per_token"] // 8 == 2 * 80 * 1 * 128 * 2
+    assert judge["engine_kv_bytes_per_token"] == 2 * 48 * 1 * 128 * 2  # 4 KV heads over 8 ranks: one each, copied
+    rollout = sizing["device_bytes"]["rollout"]
+    assert rollout["weights"] == 2 * policy["engine_params_per_rank"] and rollout["kv_cache"] == 20480 << 20
+    assert sizing["device_peak_bytes"] <= 141 << 30
+    assert sum(sizing["node_host_bytes"].values()) / (1 << 30) == pytest.approx(1004.85, abs=0.01)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--engine-tp", 8, "--world-size", 16, "--nproc-per-node", 4], "does not divide the 4 ranks of a node"),
+    (["--engine-tp", 64, "--world-size", 64, "--nproc-per-node", 64], "do not split over --engine-tp 64"),
+    (["--engine-tp", 2, "--world-size", 3, "--nproc-per-node", 3], "does not divide the world's 3 ranks"),
+    (["--engine-tp", 2, "--world-size", 8, "--placement", "disaggregated", "--split", "rollout=2,judge=1,train=2"],
+     "places 5 slot\\(s\\) of --engine-tp 2 ranks but the world has 4"),
+])
+def test_engine_tp_that_cannot_be_laid_out_says_what_to_change(config_only, extra, message):
+    """An engine spans ranks of one node, splits its attention heads evenly, and a split counts slots."""
+    with pytest.raises(SystemExit, match=message):
+        dry_run(args_for(config_only, *extra))
+
+
+def test_a_split_counts_slots_of_engine_tp_ranks(config_only):
+    split = dry_run(args_for(config_only, "--world-size", 16, "--engine-tp", 4, "--placement", "disaggregated",
+                             "--split", "rollout=2,judge=1,train=1"))
+    assert split["roles"] == ["rollout"] * 8 + ["judge"] * 4 + ["train"] * 4 and split["train_ranks"] == 4

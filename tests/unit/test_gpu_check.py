@@ -25,4 +25,4 @@ def test_it_stops_at_once_without_cuda_and_imports_no_vllm():
     imported = python(BLOCK_VLLM + "import bench.gpu_check; print(sorted(name for name, module in sys.modules.items() "
                       "if module is not None and name.startswith(('roles', 'shifting', 'storage', 'vllm'))))")
     assert imported.returncode == 0, imported.stderr[-2000:]
-    assert imported.stdout.split("\n")[-2] == "['roles', 'roles.trainer', 'shifting', 'shifting.context', 'storage']"
+    assert imported.stdout.split("\n")[-2] == "['roles', 'roles.trainer', 'shifting', 'shifting.book', 'shifting.context', 'storage']"

@@ -14,7 +14,6 @@ from roles import ENGINE_ROLES, ROLES, Role
 
 OLD_NAME = "genrm"
 FOLDER = "arith-genrm"  # data: the judge model's directory keeps its name
-SIMULATOR = "sim"  # the package whose slots are simulated ranks
 # Where `step_seconds` is bound: the simulator's result and the run that fills it, both RL steps' seconds.
 RL_STEP_SECONDS = {("sim.engine", "Result"), ("sim.engine", "run")}
 
@@ -101,13 +100,6 @@ def test_a_role_reads_as_its_value():
     assert f"{Role.ROLLOUT}_s {Role.JUDGE:>6s}" == "rollout_s  judge" and str(Role.TRAIN) == "train"
     assert repr({Role.ROLLOUT: 2}) == "{'rollout': 2}"
     assert {"judge": 1}[Role.JUDGE] == 1 and Role("train") is Role.TRAIN and Role.JUDGE == "judge"
-
-
-def test_a_slot_is_a_simulated_rank():
-    found = [f"{name}:{node.lineno}: {word!r}" for name, tree in parsed().items()
-             if name != SIMULATOR and not name.startswith(f"{SIMULATOR}.")
-             for node in ast.walk(tree) for word in identifiers(node) if "slot" in word.lower()]
-    assert not found, f"a slot is a simulated rank, in sim/ only (storage's pieces are regions): {found}"
 
 
 def test_step_seconds_are_rl_steps():
