@@ -5,14 +5,15 @@ does), from their config.json alone, to count their parameters and shapes.
 
 The placement is the one given: colocated and pivot start every rank in rollout (pivot's planner then
 moves them) and train on every rank at the step's end; disaggregated keeps its --split (of slots of
---engine-tp ranks), and only the split's train ranks shard the training state. Per device, the figures are those of the GPU path (bf16
-engines and activations, fp32 master weights, grads and AdamW moments): a rollout or judge rank holds
-its share of its model's weights (all of them, or at --engine-tp T what vLLM gives one of the engine's T
-ranks: `engine_params_per_rank`) and its engine's KV cache (`--kv-cache-mb`, per rank); a train rank holds its FSDP2 rows
-(Shard(0), as `storage.shard_rows` splits them) of the master weights, grads and both moments, the
-root unit and two decoder layers gathered, and the largest of what one micro-batch adds on the way
-(`train_memory`). The judge's engine stays on the device for the whole run (docs/gpu.md), so a rank peaks at
-it plus the larger of the policy's engine and the trainer.
+--engine-tp ranks), and only the split's train ranks shard the training state. Per device, the figures are
+those of the GPU path (bf16 engines and activations, fp32 master weights, grads and AdamW moments): a
+rollout or judge rank holds its share of its model's weights (all of them, or at --engine-tp T what vLLM
+gives one of the engine's T ranks: `roles.engine.params_per_rank`) and its engine's KV cache
+(`--kv-cache-mb`, per rank); a train rank holds its FSDP2 rows (Shard(0), as `storage.shard_rows` splits
+them) of the master weights, grads and both moments, the root unit and two decoder layers gathered, and
+the largest of what one micro-batch adds on the way (`train_memory`). The judge's engine stays on the
+device for the whole run (docs/gpu.md), so a rank peaks at it plus the larger of the policy's engine and
+the trainer.
 Per node, the Global Parameter Storage keeps one host copy of each model's weights and the policy's
 full training state.
 """
@@ -42,7 +43,7 @@ def model_summary(model_dir: str, dtype: torch.dtype, engine_tp: int = 1) -> dic
     except ValueError as e:
         sys.exit(f"{model_dir}: transformers cannot build this model ({e}); pick a model whose architecture "
                  f"transformers supports")
-    from roles.engine import unsupported_architectures
+    from roles.engine import params_per_rank, unsupported_architectures
     missing = unsupported_architectures(config.architectures or [])
     if missing:
         sys.exit(f"{model_dir}: vLLM cannot run {', '.join(missing)}; pick a model whose architecture vLLM supports")
@@ -63,7 +64,7 @@ def model_summary(model_dir: str, dtype: torch.dtype, engine_tp: int = 1) -> dic
             "root_params": params - sum(layer_params), "largest_param": max(math.prod(s) for s in shapes),
             "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
             "kv_bytes_per_token": 2 * text.num_hidden_layers * kv_heads * head_dim * dtype.itemsize,
-            "engine_tp": engine_tp, "engine_params_per_rank": engine_params_per_rank(model, rank_kv_heads, kv_heads, engine_tp),
+            "engine_tp": engine_tp, "engine_params_per_rank": params_per_rank(model, engine_tp),
             "engine_kv_bytes_per_token": 2 * text.num_hidden_layers * rank_kv_heads * head_dim * dtype.itemsize,
             "layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
             "q_width": heads * head_dim, "kv_width": kv_heads * head_dim, "heads": heads,
@@ -84,22 +85,6 @@ def engine_heads(model_dir: str, heads: int, kv_heads: int, engine_tp: int) -> i
         sys.exit(f"{model_dir}: its {kv_heads} KV heads neither split over nor divide --engine-tp {engine_tp}: pass "
                  f"an --engine-tp that {kv_heads} divides or that divides {kv_heads}")
     return max(1, kv_heads // engine_tp)
-
-
-def engine_params_per_rank(model: torch.nn.Module, rank_kv_heads: int, kv_heads: int, engine_tp: int) -> int:
-    """Parameters one rank of an engine of `engine_tp` ranks holds: vLLM splits every matrix (the embedding and
-    the head by vocabulary rows, the projections and each expert's by their parallel dimension) with the
-    projections' biases, and copies the norms and a MoE router's gate to every rank; the K and V projections hold `rank_kv_heads` of
-    their `kv_heads` heads. Rounding of vocabulary padding aside (a few MiB)."""
-    total = 0
-    for name, p in model.named_parameters():
-        if (p.dim() < 2 and not name.endswith("_proj.bias")) or name.endswith("mlp.gate.weight"):
-            total += p.numel()
-        elif name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
-            total += p.numel() * rank_kv_heads // kv_heads
-        else:
-            total += -(-p.numel() // engine_tp)
-    return total
 
 
 def fsdp_rows(shapes: list[tuple], ranks: int) -> int:

@@ -93,8 +93,8 @@ class Engine:
         self.skeleton = _meta_model(model_dir)
         options = {}
         if on_gpu:
-            options["gpu_memory_utilization"] = _memory_fraction(model_dir, self.skeleton, kv_cache_bytes,
-                                                                 overhead_bytes)
+            options["gpu_memory_utilization"] = _memory_fraction(model_dir, self.skeleton, tensor_parallel,
+                                                                 kv_cache_bytes, overhead_bytes)
         else:
             # No prompt prefilled in pieces on CPU: vLLM (0.32.0) rewinds a seeded request's generator by
             # its offset after each piece before the last (gpu_model_runner's discard_request_mask), and a
@@ -252,20 +252,43 @@ def unsupported_architectures(architectures: list[str]) -> list[str]:
     return [a for a in architectures if a not in ModelRegistry.get_supported_archs()]
 
 
-def _memory_fraction(model_dir: str, skeleton: torch.nn.Module, kv_cache_bytes: int, overhead_bytes: int) -> float:
+def params_per_rank(model: torch.nn.Module, tensor_parallel: int) -> int:
+    """Parameters one rank of an engine of `tensor_parallel` ranks holds of `model` (transformers' module, on the
+    meta device will do): vLLM splits every matrix (the embedding and the head by vocabulary rows, the
+    projections and each expert's by their parallel dimension) with the projections' biases, and copies the
+    norms and a MoE router's gate to every rank; the K and V projections' heads split, or each is copied onto
+    `tensor_parallel / kv_heads` ranks where there are fewer (QKVParallelLinear in
+    vllm/model_executor/layers/linear.py). Rounding of vocabulary padding aside (a few MiB)."""
+    text = model.config.get_text_config()
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    rank_kv_heads = max(1, kv_heads // tensor_parallel)
+    total = 0
+    for name, p in model.named_parameters():
+        if (p.dim() < 2 and not name.endswith("_proj.bias")) or name.endswith("mlp.gate.weight"):
+            total += p.numel()
+        elif name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
+            total += p.numel() * rank_kv_heads // kv_heads
+        else:
+            total += -(-p.numel() // tensor_parallel)
+    return total
+
+
+def _memory_fraction(model_dir: str, skeleton: torch.nn.Module, tensor_parallel: int, kv_cache_bytes: int,
+                     overhead_bytes: int) -> float:
     """The gpu_memory_utilization of an engine whose KV cache is given in bytes. vLLM then sizes nothing
     by it (CacheConfig.kv_cache_memory_bytes in vllm/config/cache.py) but still requires that fraction of
     the device to be free when the engine starts (`request_memory` in vllm/v1/worker/utils.py, from
     Worker.init_device): its default, 0.92, fails for any engine started beside another. This engine's
-    own need (bf16 weights, KV cache, overhead) as the fraction makes that check ask the right question."""
+    own need (this rank's share of the bf16 weights, KV cache, overhead) as the fraction makes that check ask
+    the right question."""
     free, total = torch.cuda.mem_get_info()
-    weights = sum(p.numel() for p in skeleton.parameters()) * torch.bfloat16.itemsize
+    weights = params_per_rank(skeleton, tensor_parallel) * torch.bfloat16.itemsize
     need = weights + kv_cache_bytes + overhead_bytes
     if need > free:
         raise RuntimeError(f"{model_dir}: its engine needs {need / GIB:.2f} GiB on the device (weights "
                            f"{weights / GIB:.2f}, KV cache {kv_cache_bytes / GIB:.2f}, overhead "
                            f"{overhead_bytes / GIB:.2f}) and {free / GIB:.2f} GiB are free: lower --kv-cache-mb or "
-                           f"--judge-kv-cache-mb, or use a smaller model")
+                           f"--judge-kv-cache-mb, raise --engine-tp, or use a smaller model")
     return need / total
 
 

@@ -84,10 +84,12 @@ PLACEMENTS = {
     "forced-ready-every2": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 2,
                              "--prompts-per-step", 8, "--workload", "longtail", "--max-response-tokens", 48,
                              "--max-critique-tokens", 48, "--checkpoint-every", 2], 2),
-    # --engine-tp 2: engines of two ranks on four, colocated and with forced moves of slots
+    # --engine-tp 2: engines of two ranks on four, colocated and with forced moves of slots, and a split of three
+    # slots on six
     # (tests/e2e/test_engine_tp.py)
     "colocated-tp2": (["--engine-tp", 2], 4),
     "forced-tp2": (["--engine-tp", 2, "--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 4),
+    "disaggregated-tp2": (["--engine-tp", 2, "--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"], 6),
     # --filter-groups: 4 informative groups a step, at most 16 prompts drawn (tests/e2e/test_filter_groups_runs.py);
     # avg@3 of the held-out prompts beside the greedy accuracy (tests/e2e/test_eval_samples_runs.py)
     "pivot-filter": (["--placement", "pivot", "--filter-groups", "--eval-samples", 3], 2),

@@ -19,20 +19,25 @@ def step_samples(run, step):
 def test_tp2_runs_judge_every_response_once_and_migrate_slots_without_a_token_lost(uninterrupted):
     """Colocated at T = 2 answers the first step (the initial weights) token for token as T = 1 does; with
     forced moves of slots, in-flight sequences migrate between slots (every rank of a slot exports the same)
-    and the run ends where the colocated T = 2 run does; the engine/trainer logprob gap stays within the
-    T = 1 runs' bound."""
+    and the run ends where the colocated T = 2 run does; a disaggregated split of three slots samples the
+    first step as colocated does; the engine/trainer logprob gap stays within the T = 1 runs' bound."""
     colocated, _ = uninterrupted("colocated-tp2")
     forced, _ = uninterrupted("forced-tp2")
     one, _ = uninterrupted("colocated")
     assert step_samples(colocated, 0) == step_samples(one, 0)
-    for run in (colocated, forced):
+    split, _ = uninterrupted("disaggregated-tp2")
+    for run in (colocated, forced, split):
         for step in range(SMALL_STEPS):  # 4 prompts a step, each with its 4 responses, each judged
             rows = step_samples(run, step)
             assert sorted(Counter(r["prompt"] for r in rows).values()) == [4] * 4 and all(r["critique"] for r in rows)
     assert sum(r.get("migrated_sequences", 0) for r in metrics(forced)) > 0
     same_run(colocated, forced)
+    # a split in slots: rollout on ranks 0-1, judge on 2-3, train on 4-5, each slot its role throughout
+    assert step_samples(split, 0) == step_samples(colocated, 0)
+    assert all(not r.get("shifts") or {s["to"] for s in r["shifts"]} == {"rollout"} for r in metrics(split))
     bound = max(r["logprob_gap_max"] for r in metrics(one) if "logprob_gap_max" in r)
-    assert all(r["logprob_gap_max"] <= max(bound, 1e-4) for r in metrics(forced) if "logprob_gap_max" in r)
+    assert all(r["logprob_gap_max"] <= max(bound, 1e-4) for run in (colocated, forced, split)
+               for r in metrics(run) if "logprob_gap_max" in r)
 
 
 def test_a_killed_tp2_run_restarts_and_ends_as_if_never_killed(uninterrupted, tmp_path):
