@@ -225,7 +225,8 @@ def sizing(args, placement_options) -> dict:
                   "pass --activation-checkpointing" if peak_role == Role.TRAIN else
                   f"raise --engine-tp (now {engine_tp}) to spread each engine over more of a node's ranks, lower "
                   f"--kv-cache-mb, or use a smaller model")
-        sys.exit(f"a {peak_role} rank would need {_size(peak)} with the judge's engine beside it ({_size(need[Role.JUDGE])}), "
+        judge = _size(need[Role.JUDGE])
+        sys.exit(f"a {peak_role} rank would need {_size(peak)} with the judge's engine beside it ({judge}), "
                  f"over --device-memory-gib {args.device_memory_gib}: {change}; or lower --judge-kv-cache-mb")
     return {"world_size": world, "nodes": world // per_node, "ranks_per_node": per_node, "dtype": str(dtype),
             "engine_tp": engine_tp, "engines": world // engine_tp,
@@ -251,9 +252,10 @@ def print_sizing(p: dict) -> None:
         print(f"  {name}: {m['architecture']}, {count} parameters, "
               f"KV cache {m['kv_bytes_per_token']} bytes/token ({m['dir']})")
     if p["engine_tp"] > 1:
-        print(f"engines: {p['engines']} slots of {p['engine_tp']} ranks (--engine-tp), each rank holding 1/{p['engine_tp']} "
-              f"of an engine (KV cache per token and rank: policy {p['policy']['engine_kv_bytes_per_token']} bytes, judge "
-              f"{p[Role.JUDGE]['engine_kv_bytes_per_token']}); a slot's ranks change role together")
+        tp, kv = p["engine_tp"], {name: p[name]["engine_kv_bytes_per_token"] for name in ("policy", Role.JUDGE)}
+        print(f"engines: {p['engines']} slots of {tp} ranks (--engine-tp), each rank holding 1/{tp} of an engine "
+              f"(KV cache per token and rank: policy {kv['policy']} bytes, judge {kv[Role.JUDGE]}); a slot's ranks "
+              f"change role together")
     print(f"initial assignment ({THEN[p['placement']]}):")
     for role in sorted(set(p["roles"])):
         ranks = [r for r, held in enumerate(p["roles"]) if held == role]
@@ -267,8 +269,8 @@ def print_sizing(p: dict) -> None:
         detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
         when = f"; at its peak, {p['train_peak']}" if role == Role.TRAIN else ""
         print(f"  {role:8s} {_size(sum(parts.values())):>10s}  ({detail}{when})")
-    print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the judge's engine, on the device throughout, and {p['peak_role']}: "
-          f"the larger of the roles beside it)")
+    print(f"  peak     {_size(p['device_peak_bytes']):>10s}  (the judge's engine, on the device throughout, and "
+          f"{p['peak_role']}: the larger of the roles beside it)")
     node = p["node_host_bytes"]
     print(f"host shared memory per node: {_size(sum(node.values()))} ("
           + ", ".join(f"{k} {_size(v)}" for k, v in node.items()) + ")")

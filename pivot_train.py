@@ -198,10 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "exercise sequence migration and role shifts on your own setup")
     g.add_argument("--force-shift-rate", type=float, default=0.2,
                    help="with --force-shifts, the chance of a move at each engine step")
-    g.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of the policy's engine on each of its ranks, MiB")
+    g.add_argument("--kv-cache-mb", type=int, default=64,
+                   help="KV cache of the policy's engine on each of its ranks, MiB")
     g.add_argument("--judge-kv-cache-mb", type=int, default=None,
-                   help="KV cache of the judge's engine on each of its ranks, MiB (default: --kv-cache-mb); on GPU it stays on the "
-                        "device for the whole run, beside whatever the rank does")
+                   help="KV cache of the judge's engine on each of its ranks, MiB (default: --kv-cache-mb); on GPU "
+                        "it stays on the device for the whole run, beside whatever the rank does")
     g.add_argument("--engine-overhead-mb", type=int, default=ENGINE_OVERHEAD_MB,
                    help="GPU: what each engine takes beyond its weights and KV cache (activations, CUDA graphs); "
                         "an engine starts only where its weights, KV cache and this are free")
