@@ -80,7 +80,8 @@ PLACEMENTS = {
        for name, flags, nproc in [
            ("colocated", [], 2), ("pivot", ["--placement", "pivot"], 2),
            ("forced", ["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
-           ("disaggregated", ["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"], 3)]},
+           ("disaggregated", ["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"], 3),
+           ("pivot-tp2", ["--placement", "pivot", "--engine-tp", 2], 4)]},
     "forced-ready-every2": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3, "--max-staleness", 2,
                              "--prompts-per-step", 8, "--workload", "longtail", "--max-response-tokens", 48,
                              "--max-critique-tokens", 48, "--checkpoint-every", 2], 2),

@@ -47,10 +47,13 @@ def holds_the_bound_group_by_group(out) -> list[dict]:
     return records
 
 
-@pytest.mark.parametrize("placement", ["colocated-ready", "pivot-ready", "forced-ready", "disaggregated-ready"])
+@pytest.mark.parametrize("placement", ["colocated-ready", "pivot-ready", "forced-ready", "disaggregated-ready",
+                                       "pivot-tp2-ready"])
 def test_updates_take_the_groups_judged_first_within_the_bound(tmp_path, placement):
     """Its rounds, replayed through the simulator's book (sim/replay.py), give the orders the loop gave,
-    the steps' ends and what they leave to the next among them: both follow book.Book.may_end and spill."""
+    the steps' ends and what they leave to the next among them: both follow book.Book.may_end and spill. At
+    --engine-tp 2 (pivot-tp2, four ranks) the rounds are those of two slots, which the simulator replays as
+    its slots."""
     out = tmp_path / "run"
     small_run(out, placement, steps=STEPS)
     records = holds_the_bound_group_by_group(out)
