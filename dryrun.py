@@ -84,7 +84,8 @@ def engine_heads(model_dir: str, heads: int, kv_heads: int, engine_tp: int) -> i
     if kv_heads % engine_tp and engine_tp % kv_heads:
         sys.exit(f"{model_dir}: its {kv_heads} KV heads neither split over nor divide --engine-tp {engine_tp}: pass "
                  f"an --engine-tp that {kv_heads} divides or that divides {kv_heads}")
-    return max(1, kv_heads // engine_tp)
+    from roles.engine import kv_heads_per_rank
+    return kv_heads_per_rank(kv_heads, engine_tp)
 
 
 def fsdp_rows(shapes: list[tuple], ranks: int) -> int:

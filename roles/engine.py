@@ -86,7 +86,6 @@ class Engine:
         if self.sleep_mode and Engine.sleep_mode_taken:
             raise ValueError("a second engine with sleep_mode in one process: vLLM's sleep mode allows one "
                              "engine per process; give sleep_mode to one engine only")
-        self.tensor_parallel = tensor_parallel
         _ensure_expert_group(tensor_parallel)
         if not on_gpu and tensor_parallel > 1:
             _name_shared_memory()
@@ -252,6 +251,12 @@ def unsupported_architectures(architectures: list[str]) -> list[str]:
     return [a for a in architectures if a not in ModelRegistry.get_supported_archs()]
 
 
+def kv_heads_per_rank(kv_heads: int, tensor_parallel: int) -> int:
+    """The KV heads one rank of an engine of `tensor_parallel` ranks holds: its share, or one copied head where
+    the model has fewer KV heads than ranks (QKVParallelLinear in vllm/model_executor/layers/linear.py)."""
+    return max(1, kv_heads // tensor_parallel)
+
+
 def params_per_rank(model: torch.nn.Module, tensor_parallel: int) -> int:
     """Parameters one rank of an engine of `tensor_parallel` ranks holds of `model` (transformers' module, on the
     meta device will do): vLLM splits every matrix (the embedding and the head by vocabulary rows, the
@@ -261,7 +266,7 @@ def params_per_rank(model: torch.nn.Module, tensor_parallel: int) -> int:
     vllm/model_executor/layers/linear.py). Rounding of vocabulary padding aside (a few MiB)."""
     text = model.config.get_text_config()
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    rank_kv_heads = max(1, kv_heads // tensor_parallel)
+    rank_kv_heads = kv_heads_per_rank(kv_heads, tensor_parallel)
     total = 0
     for name, p in model.named_parameters():
         if (p.dim() < 2 and not name.endswith("_proj.bias")) or name.endswith("mlp.gate.weight"):

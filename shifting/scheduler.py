@@ -684,7 +684,8 @@ def _work(d, engine, orders: Orders, role: str, timeline,
     prefill = sum(len(r.prompt_ids) + len(r.generated) for r in orders.work)  # taken in by the first step
     limit, start = orders.rounds, time.perf_counter()
     while engine.in_flight() and (limit.engine_steps is None or len(engine_steps) < limit.engine_steps):
-        if _slot_agree(d, ending.stop(limit, start)):
+        # An untimed round never stops early (RoundEnd.stop), so a slot's ranks need not ask one another.
+        if limit.seconds is not None and _slot_agree(d, ending.stop(limit, start)):
             break
         begin, batch = time.perf_counter(), engine.in_flight()
         with timeline.busy(role):
