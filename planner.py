@@ -443,7 +443,7 @@ class LoopPlanner:
     (no clock here), the training speed (`train`), which the loop's measurements of it update, and how
     much slower the engines step while a rank trains beside them (`beside_train`, Speeds': the decode
     steps of each round in which a rank trained against the fit of the others, halfway from where it
-    stood each such round).
+    stood each such round), and each engine role's prefill speed (`prefill_per_s`).
     `speeds` are the priors.
 
     It reads from shifting.scheduler.StepQueues: `queued("rollout")` and `queued("judge")` (Requests:
@@ -470,6 +470,9 @@ class LoopPlanner:
         # The judge template's tokens around a prompt and its response: what of a judge prompt is neither,
         # as the last round's responses and their judge requests show it (none before the first).
         self.judge_template = 0.0
+        # Each engine role's prefill: tokens, and the seconds its engine steps took beyond their decode fit
+        # (`prefill_per_s`)
+        self.prefill = {role: [0.0, 0.0] for role in self.fits}
 
     def __call__(self, roles: list[str], queues, rng=None) -> list[str]:
         reports = queues.reports
@@ -481,11 +484,17 @@ class LoopPlanner:
             self.since = [math.inf] * len(roles)
         self.since = [s + queues.round_s for s in self.since]
         beside = any(r.train_s for r in reports)  # a rank trained this round: the engines stepped beside it
-        fits = {role: fit.fit() for role, fit in self.fits.items()} if beside else {}
+        fits = {role: fit.fit() for role, fit in self.fits.items()}
         measured = expected = 0.0
         for r in reports:
             for batch, seconds, prefill in r.engine_steps:
-                if r.role not in self.fits or prefill:  # decode steps: prefill has its own rate
+                if r.role not in self.fits:
+                    continue
+                if prefill:  # a step that prefilled: its seconds beyond the decode fit are the prefill's
+                    fixed, per_seq = fits[r.role]
+                    if not beside and seconds > fixed + per_seq * batch:
+                        sums = self.prefill[r.role]
+                        sums[0], sums[1] = sums[0] + prefill, sums[1] + seconds - fixed - per_seq * batch
                     continue
                 if beside:
                     fixed, per_seq = fits[r.role]
@@ -504,12 +513,13 @@ class LoopPlanner:
 
     def state(self) -> dict:
         """What it has learned, as JSON: engine-step fits, shift costs, lengths seen, dwell clocks, the
-        training speed, the engines' slowdown beside training, the judge template's tokens."""
+        training speed, the engines' slowdown beside training, the judge template's tokens, each engine role's
+        prefill (`prefill_per_s`)."""
         return {"fits": {role: list(fit.sums) for role, fit in self.fits.items()},
                 "costs": [[a, b, cost] for (a, b), cost in self.costs.items()],
                 "lengths": self.lengths.lengths.tolist(), "critiques": self.critiques.lengths.tolist(),
                 "since": self.since, "train_per_s": self.train.per_s, "beside_train": self.beside_train,
-                "judge_template": self.judge_template}
+                "judge_template": self.judge_template, "prefill": self.prefill}
 
     def load_state(self, state: dict) -> None:
         for role, sums in state["fits"].items():
@@ -521,6 +531,13 @@ class LoopPlanner:
         self.train.per_s = state["train_per_s"]  # in place: the loop's Placement holds this same estimate
         self.beside_train = state.get("beside_train", 1.0)  # a checkpoint from before it was measured: 1
         self.judge_template = state.get("judge_template", 0.0)  # ... or before it was kept: none seen
+        self.prefill = state.get("prefill", self.prefill)  # ... or before prefill was measured: none yet
+
+    def prefill_per_s(self, role: str) -> float:
+        """An engine role's prefill tokens per second, as its engine steps that prefilled measure it beyond
+        their decode fit (not beside training); the prior before any."""
+        tokens, seconds = self.prefill[role]
+        return tokens / seconds if seconds > 0 else getattr(self.speeds, role).prefill_per_s
 
     def capacity(self, role: str, seqs: int, ranks: int) -> int:
         """The most sequences one engine of `role` takes in (book.intake), from the fit of its steps, given

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import result_files  # noqa: E402
+from roles import ENGINE_ROLES  # noqa: E402
 from sim.__main__ import PAPER, simulate  # noqa: E402
 from sim.calibration import load, preset  # noqa: E402
 
@@ -51,9 +52,13 @@ CASES = {
     "short critiques": ("a judge that writes a fifth of the critique budget (paper: 4,096 tokens, not a "
                         "thinking judge's 20,480)", {"workload.max_critique_tokens": 0.2}, {}),
     "train 2x": ("training at twice the utilisation", {"{hw}.train_flops": 2.0}, {}),
-    "prefill intake": ("pivot's engines take new work only as far as they prefill it within the round; the rest "
-                       "waits at rank 0 for the planner and for slots that join the role (not in the loop)",
-                       {}, {"prefill_intake": True}),
+    "prefill intake": ("pivot's engines of both roles, at any K, take new work only as far as they prefill it "
+                       "within the round; the rest waits at rank 0 for the planner and for slots that join the "
+                       "role (the loop: the judge's at K = 0 alone, book.prefill_budget)",
+                       {}, {"prefill_intake": ENGINE_ROLES}),
+    "no prefill budget": ("at K = 0 pivot's judge engines take new work up to their intake, not only as far as "
+                          "they prefill it within the round (book.prefill_budget, the loop's rule)", {},
+                          {"prefill_budget": False}),
     "judge room": ("pivot's judge engines take responses up to their room, not only as many as they step well "
                    "(book.intake, the loop's rule)", {}, {"intake": False}),
     "deep pipeline": ("step-locked at K > 0, each update waiting for its own step alone, with up to K + 1 steps "

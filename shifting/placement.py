@@ -97,6 +97,14 @@ class Placement:
             return self.options.max_seqs
         return self.planner.capacity(role, seqs, self.world_size)
 
+    def budget(self, role: str, seconds: float | None) -> float | None:
+        """The context tokens of new work an engine of `role` takes in a round of `seconds` (None: untimed):
+        at K = 0 pivot's judge engines only what they prefill in the round (book.prefill_budget, at the
+        planner's measured prefill speed), so that work waits at rank 0 for the ranks that join the judge."""
+        if self.planner is None:
+            return None
+        return book.prefill_budget(role, self.planner.synchronous, seconds, self.planner.prefill_per_s(role))
+
     def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
         """The roles from now on, and how long the ranks work before they next report: --force-shifts'
         random moves, pivot's plan (planner.py), a split's own roles, or colocated's turn of every rank."""

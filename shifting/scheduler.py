@@ -308,6 +308,7 @@ class StepQueues:
         self.waiting = (False, False)  # whether the round under way waits for the bound, and has no rollout
         self.trace: list[dict] | None = [] if trace else None
         self.capacity: dict[str, int] = {}  # the last dispatch's: the most sequences an engine of each role took in
+        self.budget: dict[str, float | None] = {}  # ... and the context tokens it took in at most (None: no limit)
         self.begun = time.perf_counter()  # the trace's rounds are timed from here
         if carried is not None:
             self._take_over(carried)
@@ -401,7 +402,7 @@ class StepQueues:
             "roles": orders[0].roles, "work": [ids(o.work) for o in orders],
             "handed": [self.group_number(group[0].group) for group in train], "publish": orders[0].publish is not None,
             "update": any(o.update is not None for o in orders), "timed": orders[0].rounds.seconds is not None,
-            "capacity": self.capacity,
+            "capacity": self.capacity, "budget": self.budget,
             "seconds": orders[0].rounds.seconds, "done": orders[0].done, "at": time.perf_counter() - self.begun})
 
     def ingest(self, reports: list[Report], round_s: float) -> None:
@@ -520,17 +521,22 @@ class StepQueues:
         (book.Book.round_seconds)."""
         return Rounds(seconds=self.book.round_seconds(self.round_steps), early=True)
 
-    def dispatch(self, roles: list[str], capacity, in_flight: list[int]) -> list[list[Request]]:
+    def dispatch(self, roles: list[str], capacity, in_flight: list[int], budget=None) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
         each engine's `capacity(role, seqs)` (the placement's, given the role's sequences queued and running:
-        book.intake; book.Book.dispatch), in rank order from the queue's head."""
+        book.intake; book.Book.dispatch), in rank order from the queue's head; with `budget(role)` (the
+        placement's prefill budget for the round: book.prefill_budget) each engine keeps of its share the
+        context tokens it prefills in the round."""
         work = [[] for _ in roles]
-        self.capacity = {}
+        self.capacity, self.budget = {}, {}
+        context = lambda i: len(self.requests[i].prompt_ids) + len(self.requests[i].generated)  # noqa: E731
         for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
             held = [in_flight[r] for r in ranks]
             self.capacity[role] = capacity(role, len(self.book.queue[role]) + sum(held))
-            for rank, numbers in zip(ranks, self.book.dispatch(role, held, self.capacity[role])):
+            self.budget[role] = budget(role) if budget else None
+            for rank, numbers in zip(ranks, self.book.dispatch(role, held, self.capacity[role], self.budget[role],
+                                                               context)):
                 work[rank] = [self.requests[i] for i in numbers]
         return work
 
@@ -571,12 +577,13 @@ def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate:
 
 
 def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list[dict], rollout: RolloutEngine,
-             judge: Judge, capacity, seed: int, step: int, timeline,
+             judge: Judge, capacity, seed: int, step: int, timeline, budget=None,
              ahead: list[dict] | None = None, before: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `next_roles(roles, queues, rng)` (Placement's) gives the roles and the next round's length;
-    `capacity(role, seqs)` (Placement's) the most sequences an engine of the role takes in (`dispatch`);
+    `capacity(role, seqs)` (Placement's) the most sequences an engine of the role takes in, and
+    `budget(role, seconds)` (Placement's) the context tokens it takes in a round of `seconds` (`dispatch`);
     `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish; `before`, the
     step before's, whose groups that step's end left out go on in this one: StepQueues.carry) and
     `rollout`, `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
@@ -593,7 +600,8 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
         begin = time.perf_counter()
         ending.leave()
         with timeline.busy(WAIT):
-            orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since)
+            orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since,
+                               budget)
         if d.rank == 0:
             ending.forget()
             queues.book.exchange_s = time.perf_counter() - begin
@@ -735,7 +743,7 @@ def _extra_seconds(resumed_steps: list[float], plain_steps: list[float]) -> floa
 
 
 def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: list[str], rng, capacity,
-              round_s: float) -> Orders:
+              round_s: float, budget=None) -> Orders:
     """All ranks' reports to rank 0; its orders back to each rank. Rank 0 decides for slots (--engine-tp ranks
     each: one rank at 1): a slot's ranks run one engine, so its first rank's report is the slot's, and every
     rank of a slot gets the slot's orders."""
@@ -743,7 +751,7 @@ def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: l
     dist.gather_object(report, reports, dst=0, group=d.control)
     orders = [None] * d.world_size
     if d.rank == 0:
-        decided = _decide(reports[::d.slot_size], queues, next_roles, roles, rng, capacity, round_s)
+        decided = _decide(reports[::d.slot_size], queues, next_roles, roles, rng, capacity, round_s, budget)
         orders = [decided[rank // d.slot_size] for rank in range(d.world_size)]
     mine = [None]
     dist.scatter_object_list(mine, orders if d.rank == 0 else None, src=0, group=d.control)
@@ -751,7 +759,7 @@ def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: l
 
 
 def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capacity,
-            round_s: float) -> list[Orders]:
+            round_s: float, budget=None) -> list[Orders]:
     error = next((r.error for r in reports if r.error), None)  # a critique under --on-parse-failure stop
     try:
         queues.ingest(reports, round_s)
@@ -769,7 +777,7 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capa
     # A rank that changes role exports its in-flight requests before it takes new work: the engine of its
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
-    work = queues.dispatch(new, capacity, in_flight)
+    work = queues.dispatch(new, capacity, in_flight, budget and (lambda role: budget(role, rounds.seconds)))
     train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \

@@ -69,7 +69,7 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round and a step: the scheduling book's figures (shifting/book.py:
     the --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
     EMPTY_SHARE and the engine step's seconds before any is measured) and the loop's --updates, which
-    what-if runs (bench/sim_whatif.py) may change, three switches that turn its rules off, and three that add
+    what-if runs (bench/sim_whatif.py) may change, four switches that turn its rules off, and three that add
     rules it lacks:
       updates             --updates (pipeline.UPDATES): "ready", the loop's default, runs the pipeline at
                           K - 1 at --max-staleness K >= 2 (pipeline.depth), and ends a step's rounds once the
@@ -88,10 +88,13 @@ class RoundRules:
                           holds the shifting slot alone, which takes work again at the next round)
       intake              at K = 0 pivot's judge engines take in only as many responses as they step well
                           (book.intake, as the loop's do; off: up to their room)
-      prefill_intake      pivot's engines take new work in a timed round only as far as they prefill it in
-                          the round (one request at least); the rest waits at rank 0, where the planner sees
-                          it and a slot that joins the role can take it (off, as the loop does: up to the
-                          engine's room)
+      prefill_budget      at K = 0 pivot's judge engines take new work in a timed round only as far as they
+                          prefill it in the round (book.prefill_budget, as the loop's do; off: up to their
+                          intake)
+      prefill_intake      the roles whose engines, under pivot, take new work in a timed round only as far
+                          as they prefill it in the round (one request at least) at any K; the rest waits at
+                          rank 0, where the planner sees it and a slot that joins the role can take it
+                          (none: the loop's prefill_budget alone)
       deep_pipeline       with updates "step" at --max-staleness K > 0, an update waits for its own step
                           alone: each update's rounds end once the next update's step is judged, while the
                           K - 1 after it roll on, and step s begins as soon as weights s - K are published, so
@@ -108,8 +111,9 @@ class RoundRules:
     empty_share: float = book.EMPTY_SHARE
     step_on: bool = True
     shifts_stall_all: bool = False
-    prefill_intake: bool = False
+    prefill_intake: tuple[str, ...] = ()
     intake: bool = True
+    prefill_budget: bool = True
     deep_pipeline: bool = False
     carry_running: bool = False
     updates: str = "ready"
@@ -490,9 +494,8 @@ class Simulation:
         first step takes its new requests in."""
         for role in ENGINE_ROLES:
             held = [s for s in self.slots if s.role == role]
-            takes = self.step.dispatch(role, [len(s.running) for s in held], self._capacity(role))
-            if self.rules.prefill_intake and self.placement == "pivot" and rnd.seconds is not None:
-                self._prefill_intake(role, takes, rnd.seconds)
+            takes = self.step.dispatch(role, [len(s.running) for s in held], self._capacity(role),
+                                       self._budget(role, rnd), lambda i: self._context(role, [i]))
             for slot, new in zip(held, takes):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
@@ -510,17 +513,18 @@ class Simulation:
         seqs = len(self.step.queue[role]) + sum(len(s.running) for s in self.slots if s.role == role)
         return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots), self.max_staleness == 0)
 
-    def _prefill_intake(self, role: str, takes: list[list[int]], seconds: float) -> None:
-        """RoundRules.prefill_intake: each slot keeps of its share what its engine prefills in `seconds`
-        (its first request whatever its size); the rest goes back to the head of the queue."""
+    def _budget(self, role: str, rnd: Round) -> float | None:
+        """The context tokens of new work one of the role's engines takes in this round (book.prefill_budget,
+        as Placement.budget in pivot_train.py; the planner's prefill speed is the model's): at K = 0 pivot's
+        judge engines what they prefill in a timed round; under RoundRules.prefill_intake, its roles' at
+        any K; none without RoundRules.prefill_budget, and for the other placements."""
+        if self.placement != "pivot" or rnd.seconds is None:
+            return None
         speed = self.speeds.rollout if role == Role.ROLLOUT else self.speeds.judge
-        back = []
-        for i, new in enumerate(takes):
-            tokens = np.cumsum([self._context(role, [j]) for j in new])
-            keep = max(1, int(np.searchsorted(tokens, speed.prefill_per_s * seconds, side="right"))) if new else 0
-            back += new[keep:]
-            takes[i] = new[:keep]
-        self.step.requeue(back)
+        if role in self.rules.prefill_intake:
+            return speed.prefill_per_s * rnd.seconds
+        return book.prefill_budget(role, self.rules.prefill_budget and self.max_staleness == 0, rnd.seconds,
+                                   speed.prefill_per_s)
 
     def _hand_to_train(self) -> None:
         """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot

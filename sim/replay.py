@@ -102,6 +102,14 @@ class Replay(Simulation):
         recorded = self.recorded[0].get("capacity") if self.recorded else None
         return recorded[role] if recorded else self.model.max_seqs[role]
 
+    def _budget(self, role: str, rnd: Round) -> float | None:
+        """Pivot's prefill budget as the loop's rank 0 set it (from its planner's prefill speed, which the
+        times give); a recording that keeps none set none."""
+        if self.placement != "pivot":
+            return super()._budget(role, rnd)
+        recorded = self.recorded[0].get("budget") if self.recorded else None
+        return recorded.get(role) if recorded else None
+
     def _dispatch(self, rnd: Round) -> None:
         before = [len(s.running) for s in self.slots]
         super()._dispatch(rnd)

@@ -53,7 +53,7 @@ SMALL = ["--prompts-per-step", 4, "--group-size", 4, "--eval-every", 100,
 FINAL = f"checkpoints/step-{SMALL_STEPS:06d}/state.bin"
 PLACEMENTS = {
     "colocated": ([], 2),
-    "pivot": (["--placement", "pivot"], 2),
+    "pivot": (["--placement", "pivot", "--trace-rounds"], 2),
     "forced": (["--placement", "pivot", "--force-shifts", 3, "--force-shift-rate", 0.3], 2),
     "disaggregated": (["--placement", "disaggregated", "--split", "rollout=1,judge=1,train=1"], 3),
     # --max-staleness: the update K steps behind the rollout (tests/e2e/test_staleness.py); K = 1 with two

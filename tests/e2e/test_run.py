@@ -3,7 +3,8 @@ tests/e2e/test_resume.py): a planner-driven pivot run against a colocated one, a
 import json
 import re
 
-from conftest import ROOT, SMALL, SMALL_STEPS, same_run, torchrun
+from conftest import BENCH_JSON, ROOT, SMALL, SMALL_STEPS, same_run, torchrun
+from sim.replay import replay_run
 
 
 def rows(out, name):
@@ -14,13 +15,18 @@ def test_pivot_run_without_kills_is_the_colocated_run(uninterrupted):
     """The planner moves ranks as it measures, never what a sample is or what the update does: every
     sample generated and judged once, the same samples and rewards as colocated's, step for step, and
     the same final training state (to float rounding: groups trained early sum their gradients in
-    another order)."""
+    another order). Its rounds replay through the simulator's book with no difference, among them the
+    prefill budget of its judge engines in timed rounds (book.prefill_budget), from the speed its planner
+    measured."""
     (colocated, _), (pivot, _) = uninterrupted("colocated"), uninterrupted("pivot")
     steps = [r for r in rows(pivot, "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == list(range(SMALL_STEPS))
     for r in steps:
         assert r["samples"] == 16 and r["judge_requests"] == 16  # each sample judged once, nothing re-judged
     same_run(colocated, pivot, exact=False)
+    assert replay_run(pivot, json.loads(BENCH_JSON.read_text())) == []
+    rounds = [rec for line in rows(pivot, "rounds.jsonl") for rec in line["rounds"] if "budget" in rec]
+    assert any(rec["budget"]["judge"] for rec in rounds) and not any(rec["budget"]["rollout"] for rec in rounds)
     # what the planner did, for whoever reads the log
     print("pivot shifts per step:", [len(r["shifts"]) for r in steps],
           "migrated:", [r["migrated_sequences"] for r in steps])
@@ -41,7 +47,8 @@ def test_console_is_one_line_per_step_and_evaluation_then_a_summary(uninterrupte
                 r"done: 3 steps, 48 samples in \d+ s of steps \([\d.]+ samples/s\); eval accuracy \d\.\d{3} at "
                 r"step 0 -> \d\.\d{3} at step 3, judge agreement \d\.\d{3}",
                 rf"files in {re.escape(str(out))}: checkpoints/ config.json curves.png events.out.tfevents.\S+ "
-                r"metrics.jsonl model/ run_info.json samples.jsonl timeline.jsonl timeline.png timeline_step.png"]
+                r"metrics.jsonl model/ rounds.jsonl run_info.json samples.jsonl timeline.jsonl timeline.png "
+                r"timeline_step.png"]  # rounds.jsonl: the run keeps its rounds (--trace-rounds)
     rest = [line for line in lines if line not in real]
     assert len(rest) == len(expected), "\n".join(rest)
     for line, pattern in zip(rest, expected):

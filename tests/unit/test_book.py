@@ -8,8 +8,9 @@ import pytest
 
 from algorithm import Algorithm
 import planner
-from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, publish_due,
-                           rank_roles, requeue, round_seconds, shares, slot_ranks, slot_shape, update_due, update_roles)
+from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, prefill_budget,
+                           publish_due, rank_roles, requeue, round_seconds, shares, slot_ranks, slot_shape, update_due,
+                           update_roles, within_budget)
 from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -51,6 +52,23 @@ def test_work_beyond_the_intake_waits_for_a_rank_that_joins():
     assert len(book.queue["judge"]) == 140
     # A rank that joins the judge a round later takes work in its first round, up to the intake.
     assert [len(w) for w in book.dispatch("judge", [25, 30, 0], cap)] == [5, 0, 30]
+
+
+def test_a_judge_engine_at_k0_takes_in_what_it_prefills_in_a_timed_round_and_the_rest_waits_in_order():
+    assert prefill_budget("judge", True, 0.5, 1000.0) == 500.0
+    assert prefill_budget("judge", True, None, 1000.0) is None  # an untimed round: up to the intake
+    assert prefill_budget("judge", False, 0.5, 1000.0) is None  # K > 0
+    assert prefill_budget("rollout", True, 0.5, 1000.0) is None
+    assert within_budget([200.0, 200.0, 200.0], 500.0) == 2
+    assert within_budget([900.0, 10.0], 500.0) == 1  # the first whatever its size
+    assert within_budget([], 500.0) == 0 and within_budget([900.0, 10.0], None) == 2
+    book = Book(12, 4)
+    book.queue["judge"].extend(book.queue["rollout"])
+    book.queue["rollout"].clear()
+    book.phase[:] = 2
+    assert book.dispatch("judge", [0, 0], 8, 250.0, lambda i: 100.0) == [[0, 1], [6, 7]]
+    assert list(book.queue["judge"]) == [2, 3, 4, 5, 8, 9, 10, 11]  # back at the head, in order
+    assert (book.phase[[0, 1, 6, 7]] == 3).all() and (book.phase[[2, 3, 4, 5, 8, 9, 10, 11]] == 2).all()
 
 
 def test_round_seconds_and_early_end():

@@ -10,6 +10,7 @@ import pytest
 import pipeline
 import planner
 from conftest import BENCH_JSON
+from roles import ENGINE_ROLES
 from sim import calibration as C
 from sim.__main__ import simulate
 from sim.engine import RoundRules, Simulation, Step
@@ -151,7 +152,7 @@ def test_pivot_migrates_trains_early_and_still_loses_nothing(cal, monkeypatch):
 def test_prefill_intake_holds_work_at_rank_0_and_loses_nothing(cal):
     """The what-if rule (RoundRules.prefill_intake): a pivot engine takes in a timed round no more new
     work than it prefills in it, one request at least; every sample is still generated and judged once."""
-    rules = RoundRules(prefill_intake=True)
+    rules = RoundRules(prefill_intake=ENGINE_ROLES)
     sim = Simulation(C.GpuModel(cal, "dense-8b-32b"), C.gpu_workload(cal, 8), 8, "pivot", rules=rules,
                      config=planner.PlannerConfig(early_train=True, min_train_ranks=1))
     taken, dispatch = [], sim._dispatch
@@ -446,8 +447,8 @@ def test_at_k0_the_figures_are_those_before_the_pipeline(cal, placement, seconds
     on it once shifted, as the loop's rank does (sim/replay.py found that the simulator gave it none); and
     the ranks learn of a round's end from a wait on the store, book.NOTICE_S after it, where they looked
     it up every 10 ms (5 ms later on average). Pivot's judge engines take up to their room here, as they did
-    then (RoundRules.intake off; book.intake came after)."""
-    sim, result, _ = run(cal, placement, rules=RoundRules(intake=False))
+    then (RoundRules.intake and prefill_budget off; book.intake and book.prefill_budget came after)."""
+    sim, result, _ = run(cal, placement, rules=RoundRules(intake=False, prefill_budget=False))
     assert (result.seconds, result.shifts, result.rounds) == (seconds, shifts, rounds)
     assert result.critical_path_s == 205.0381855320795
 
@@ -590,8 +591,9 @@ def test_paper_decode_fit_gives_the_steps_the_release_measured(cal):
 
 
 def test_pivot_judge_engines_take_in_no_more_than_the_intake_and_a_joining_slot_finds_work(cal):
-    """book.intake: a pivot judge engine never takes in beyond its intake, so the rest of the responses wait
-    at rank 0, and a slot that joins the judge takes some of them in its first round."""
+    """book.intake: a pivot judge engine never takes in beyond its intake, nor in a timed round beyond what
+    it prefills in it (book.prefill_budget: one response at least), so the rest of the responses wait at
+    rank 0, and a slot that joins the judge takes some of them in its first round."""
     paper = C.preset(cal, "paper")
     sim = Simulation(C.FittedGpuModel(paper, "qwen25-1b5+glm-z1-9b"), C.gpu_workload(paper, 16), 16, "pivot",
                      config=planner.PlannerConfig(early_train=True, min_train_ranks=1))
@@ -599,14 +601,17 @@ def test_pivot_judge_engines_take_in_no_more_than_the_intake_and_a_joining_slot_
 
     def traced(rnd):
         held = [len(s.running) for s in sim.slots]
-        queued, cap = len(sim.step.queue["judge"]), sim._capacity("judge")
+        queued, cap, budget = len(sim.step.queue["judge"]), sim._capacity("judge"), sim._budget("judge", rnd)
         dispatch(rnd)
         judges = [(slot, len(slot.running) - was, was, before) for slot, was, before in zip(sim.slots, held, last)
                   if slot.role == "judge"]
         left = len(sim.step.queue["judge"])
         for slot, took, was, before in judges:
             assert took == 0 or len(slot.running) <= cap
-            assert not left or len(slot.running) >= cap  # work waits only while every judge engine is full
+            # work waits only while every judge engine is full, or in a round whose budget held some back
+            assert not left or len(slot.running) >= cap or budget is not None
+            if budget is not None and took:  # what it took but its last request, it prefills in the round
+                assert sim._context("judge", slot.running[was:-1]) <= budget
             if before != "judge" and queued:
                 # A slot that joins takes work first, unless engines as empty took all there was.
                 assert took > 0 or not left and all(w == 0 for _, t, w, _ in judges if t), slot.index
