@@ -103,17 +103,32 @@ class Replay(Simulation):
         return recorded[role] if recorded else self.model.max_seqs[role]
 
     def _budget(self, role: str, rnd: Round) -> float | None:
-        """Pivot's prefill budget as the loop's rank 0 set it (from its planner's prefill speed, which the
-        times give); a recording that keeps none set none."""
-        if self.placement != "pivot":
-            return super()._budget(role, rnd)
-        recorded = self.recorded[0].get("budget") if self.recorded else None
-        return recorded.get(role) if recorded else None
+        """None: pivot's prefill budget (book.prefill_budget) counts the loop's own context tokens, which the
+        simulator's drawn lengths are not, so `_dispatch` checks its cut against the recording instead."""
+        return None if self.placement == "pivot" else super()._budget(role, rnd)
 
     def _dispatch(self, rnd: Round) -> None:
+        """The simulator's shares (book.Book.dispatch, before any budget). Where the loop set a prefill
+        budget, each rank's recorded take must be what the budget keeps of its share: a start of it, one
+        request at least (book.within_budget); the rest goes back to the head of the queue, in order, as
+        the loop's went."""
         before = [len(s.running) for s in self.slots]
         super()._dispatch(rnd)
         self.dispatched = [s.running[n:] for s, n in zip(self.slots, before)]
+        rec = self.recorded[0] if self.recorded else {}
+        budgets = rec.get("budget") or {}
+        if self.placement != "pivot" or "work" not in rec:
+            return
+        back = []
+        for slot, n, taken, recorded in zip(self.slots, before, self.dispatched, rec["work"]):
+            if budgets.get(slot.role) is None or recorded == taken:
+                continue
+            if taken[:len(recorded)] != recorded or not recorded and taken:
+                return  # not a cut of its share: `_round` reports the difference
+            slot.running, back = slot.running[:n + len(recorded)], back + taken[len(recorded):]
+        if back:
+            self.step.requeue(back)
+            self.dispatched = [s.running[n:] for s, n in zip(self.slots, before)]
 
     def _round(self, rnd: Round) -> bool:
         """Compares the round's orders with the loop's, then applies the loop's next reports: what each
