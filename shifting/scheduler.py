@@ -521,12 +521,13 @@ class StepQueues:
         (book.Book.round_seconds)."""
         return Rounds(seconds=self.book.round_seconds(self.round_steps), early=True)
 
-    def dispatch(self, roles: list[str], capacity, in_flight: list[int], budget=None) -> list[list[Request]]:
+    def dispatch(self, roles: list[str], capacity, in_flight: list[int], budget=None,
+                 seconds: float | None = None) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
         each engine's `capacity(role, seqs)` (the placement's, given the role's sequences queued and running:
-        book.intake; book.Book.dispatch), in rank order from the queue's head; with `budget(role)` (the
-        placement's prefill budget for the round: book.prefill_budget) each engine keeps of its share the
-        context tokens it prefills in the round."""
+        book.intake; book.Book.dispatch), in rank order from the queue's head; with `budget(role, seconds)`
+        (the placement's prefill budget for a round of `seconds`: book.prefill_budget) each engine keeps of
+        its share the context tokens it prefills in the round."""
         work = [[] for _ in roles]
         self.capacity, self.budget = {}, {}
         context = lambda i: len(self.requests[i].prompt_ids) + len(self.requests[i].generated)  # noqa: E731
@@ -534,7 +535,7 @@ class StepQueues:
             ranks = [r for r, held in enumerate(roles) if held == role]
             held = [in_flight[r] for r in ranks]
             self.capacity[role] = capacity(role, len(self.book.queue[role]) + sum(held))
-            self.budget[role] = budget(role) if budget else None
+            self.budget[role] = budget(role, seconds) if budget else None
             for rank, numbers in zip(ranks, self.book.dispatch(role, held, self.capacity[role], self.budget[role],
                                                                context)):
                 work[rank] = [self.requests[i] for i in numbers]
@@ -777,7 +778,7 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capa
     # A rank that changes role exports its in-flight requests before it takes new work: the engine of its
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
-    work = queues.dispatch(new, capacity, in_flight, budget and (lambda role: budget(role, rounds.seconds)))
+    work = queues.dispatch(new, capacity, in_flight, budget, rounds.seconds)
     train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
