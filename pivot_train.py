@@ -719,9 +719,9 @@ def rollout_and_judge(d: Dist, context, prompts, rollout_engine, judge, placemen
                         filter_groups=args.prompts_per_step if args.filter_groups else None) if d.rank == 0 else None
     start = time.perf_counter()
     samples, early, shifts, resume_s = generate(d, context, queues, placement.next_roles, prompts=prompts,
-                                         rollout=rollout_engine, judge=judge, capacity=placement.capacity,
-                                         budget=placement.budget, seed=placement.seed, step=step, timeline=timeline, ahead=ahead,
-                                         before=before)
+                                                rollout=rollout_engine, judge=judge, intake=placement,
+                                                seed=placement.seed, step=step, timeline=timeline, ahead=ahead,
+                                                before=before)
     seconds = time.perf_counter() - start
     if queues is not None and queues.trace is not None:
         with open(Path(args.out) / "rounds.jsonl", "a") as f:

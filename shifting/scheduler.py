@@ -81,6 +81,19 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class Room:
+    """The intake `generate` takes where no placement decides one (the scheduler's tests): every engine
+    takes in up to `seqs` sequences, with no prefill budget. A Placement is the other intake."""
+    seqs: int
+
+    def capacity(self, role: str, seqs: int) -> int:
+        return self.seqs
+
+    def budget(self, role: str, seconds: float | None) -> None:
+        return None
+
+
+@dataclass(frozen=True)
 class Rounds:
     """How long every rank works before its next report: at most `engine_steps` engine steps and at most
     `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
@@ -521,21 +534,21 @@ class StepQueues:
         (book.Book.round_seconds)."""
         return Rounds(seconds=self.book.round_seconds(self.round_steps), early=True)
 
-    def dispatch(self, roles: list[str], capacity, in_flight: list[int], budget=None,
+    def dispatch(self, roles: list[str], intake, in_flight: list[int],
                  seconds: float | None = None) -> list[list[Request]]:
         """Shares each role's queue among the ranks holding it, evening out their engines' loads up to
-        each engine's `capacity(role, seqs)` (the placement's, given the role's sequences queued and running:
-        book.intake; book.Book.dispatch), in rank order from the queue's head; with `budget(role, seconds)`
-        (the placement's prefill budget for a round of `seconds`: book.prefill_budget) each engine keeps of
-        its share the context tokens it prefills in the round."""
+        each engine's `intake.capacity(role, seqs)` (the placement's, given the role's sequences queued and
+        running: book.intake; book.Book.dispatch), in rank order from the queue's head; where
+        `intake.budget(role, seconds)` gives a prefill budget for a round of `seconds` (book.prefill_budget)
+        each engine keeps of its share the context tokens it prefills in the round."""
         work = [[] for _ in roles]
         self.capacity, self.budget = {}, {}
         context = lambda i: len(self.requests[i].prompt_ids) + len(self.requests[i].generated)  # noqa: E731
         for role in ENGINE_ROLES:
             ranks = [r for r, held in enumerate(roles) if held == role]
             held = [in_flight[r] for r in ranks]
-            self.capacity[role] = capacity(role, len(self.book.queue[role]) + sum(held))
-            self.budget[role] = budget(role, seconds) if budget else None
+            self.capacity[role] = intake.capacity(role, len(self.book.queue[role]) + sum(held))
+            self.budget[role] = intake.budget(role, seconds)
             for rank, numbers in zip(ranks, self.book.dispatch(role, held, self.capacity[role], self.budget[role],
                                                                context)):
                 work[rank] = [self.requests[i] for i in numbers]
@@ -578,13 +591,13 @@ def forced_roles(roles: list[str], queues: StepQueues, rng: random.Random, rate:
 
 
 def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list[dict], rollout: RolloutEngine,
-             judge: Judge, capacity, seed: int, step: int, timeline, budget=None,
+             judge: Judge, intake, seed: int, step: int, timeline,
              ahead: list[dict] | None = None, before: list[dict] | None = None) -> tuple[list[Sample], dict, list[dict], float]:
     """Runs one step's rollout and judging on every rank; rank 0 passes its queues, the others None.
     `context` (shifting.context.RoleContext) holds this rank's role and engines and carries out every
     shift; `next_roles(roles, queues, rng)` (Placement's) gives the roles and the next round's length;
-    `capacity(role, seqs)` (Placement's) the most sequences an engine of the role takes in, and
-    `budget(role, seconds)` (Placement's) the context tokens it takes in a round of `seconds` (`dispatch`);
+    `intake` (the Placement, or `Room`) the most sequences an engine of a role takes in, `capacity(role,
+    seqs)`, and the context tokens it takes in a round of `seconds`, `budget(role, seconds)` (`dispatch`);
     `prompts` are the step's (`ahead`, the next step's, which it may begin: StepQueues.publish; `before`, the
     step before's, whose groups that step's end left out go on in this one: StepQueues.carry) and
     `rollout`, `judge` turn finished requests into samples and verdicts; `timeline.busy(role)` marks engine and
@@ -601,8 +614,7 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
         begin = time.perf_counter()
         ending.leave()
         with timeline.busy(WAIT):
-            orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, capacity, begin - since,
-                               budget)
+            orders = _exchange(d, report, queues, next_roles, list(context.roles), rng, intake, begin - since)
         if d.rank == 0:
             ending.forget()
             queues.book.exchange_s = time.perf_counter() - begin
@@ -743,8 +755,8 @@ def _extra_seconds(resumed_steps: list[float], plain_steps: list[float]) -> floa
     return sum(max(0.0, t - typical) for t in resumed_steps)
 
 
-def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: list[str], rng, capacity,
-              round_s: float, budget=None) -> Orders:
+def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: list[str], rng, intake,
+              round_s: float) -> Orders:
     """All ranks' reports to rank 0; its orders back to each rank. Rank 0 decides for slots (--engine-tp ranks
     each: one rank at 1): a slot's ranks run one engine, so its first rank's report is the slot's, and every
     rank of a slot gets the slot's orders."""
@@ -752,15 +764,15 @@ def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: l
     dist.gather_object(report, reports, dst=0, group=d.control)
     orders = [None] * d.world_size
     if d.rank == 0:
-        decided = _decide(reports[::d.slot_size], queues, next_roles, roles, rng, capacity, round_s, budget)
+        decided = _decide(reports[::d.slot_size], queues, next_roles, roles, rng, intake, round_s)
         orders = [decided[rank // d.slot_size] for rank in range(d.world_size)]
     mine = [None]
     dist.scatter_object_list(mine, orders if d.rank == 0 else None, src=0, group=d.control)
     return mine[0]
 
 
-def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capacity,
-            round_s: float, budget=None) -> list[Orders]:
+def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, intake,
+            round_s: float) -> list[Orders]:
     error = next((r.error for r in reports if r.error), None)  # a critique under --on-parse-failure stop
     try:
         queues.ingest(reports, round_s)
@@ -778,7 +790,7 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, capa
     # A rank that changes role exports its in-flight requests before it takes new work: the engine of its
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
-    work = queues.dispatch(new, capacity, in_flight, budget, rounds.seconds)
+    work = queues.dispatch(new, intake, in_flight, rounds.seconds)
     train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \

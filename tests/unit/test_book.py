@@ -11,7 +11,7 @@ import planner
 from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, prefill_budget,
                            publish_due, rank_roles, requeue, round_seconds, shares, slot_ranks, slot_shape, update_due,
                            update_roles, within_budget)
-from shifting.scheduler import Report, SamplingOptions, StepQueues, colocated_roles
+from shifting.scheduler import Report, Room, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
 from sim.engine import Simulation, Step
 
@@ -166,7 +166,7 @@ def test_the_loop_and_the_simulator_keep_one_book():
     overridden = {name for name in vars(Step) if name in vars(Book) and not name.startswith("__")}
     assert overridden == {"SAMPLE_ARRAYS"}  # it adds arrays, and no rule
     keys = [r.key for r in queues.queued("rollout")]
-    running = queues.dispatch(["rollout", "rollout"], lambda role, seqs: 2, [0, 0])  # four of six go to two engines
+    running = queues.dispatch(["rollout", "rollout"], Room(2), [0, 0])  # four of six go to two engines
     assert step.dispatch("rollout", [0, 0], 2) == [[queues.number(r) for r in work] for work in running]
     queues.ingest([Report("rollout", exported=[running[1][0], running[0][0], running[1][1]])], 0.0)
     step.ingest([], [2, 0, 3], step.drawn_tokens)

@@ -14,7 +14,7 @@ import pivot_train
 import planner
 from roles.rollout import Sample
 from shifting.placement import Placement, PlacementOptions
-from shifting.scheduler import NO_EARLY, Report, Rounds, SamplingOptions, StepQueues, _decide
+from shifting.scheduler import NO_EARLY, Report, Room, Rounds, SamplingOptions, StepQueues, _decide
 from sim import calibration as C
 from sim.engine import RoundRules, Simulation, Step
 
@@ -113,7 +113,7 @@ def test_the_loop_publishes_at_the_round_after_the_update_is_made(asked, ahead):
     roles = ["rollout", "judge", "train"]
     reports = [[], [Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)],
                [Report("train", update={"loss": 0.0})], []]
-    orders = [_decide([Report("rollout"), Report("judge"), *train], queues, keep, roles, None, lambda role, seqs: 4, 0.0)
+    orders = [_decide([Report("rollout"), Report("judge"), *train], queues, keep, roles, None, Room(4), 0.0)
               for train in reports]
     assert [o[2].update is not None for o in orders] == [False, True, False, False]
     assert [o[0].publish for o in orders] == [None, None, 2 if ahead else None, None]

@@ -15,7 +15,7 @@ from roles.rollout import RolloutEngine
 from roles.trainer import PolicyTrainer
 from runtime import init_distributed, shutdown_distributed
 from shifting.context import RoleContext
-from shifting.scheduler import SamplingOptions, StepQueues, colocated_roles, forced_roles, generate
+from shifting.scheduler import Room, SamplingOptions, StepQueues, colocated_roles, forced_roles, generate
 from storage import ParameterStorage, TrainState, checkpoint_storage
 from tasks.dataset import encode_prompt
 from timeline import Timeline
@@ -44,7 +44,7 @@ sampling = SamplingOptions(group_size=3, seed=0, temperature=1.0, max_response_t
 def run(next_roles, capacity, seed):
     queues = StepQueues(step_prompts, step=0, sampling=sampling, algo=Algorithm()) if d.rank == 0 else None
     samples, _, shifts, _ = generate(d, context, queues, next_roles, prompts=step_prompts, rollout=rollout, judge=judge,
-                                  capacity=lambda role, seqs: capacity, seed=seed, step=0, timeline=timeline)
+                                  intake=Room(capacity), seed=seed, step=0, timeline=timeline)
     counts = [(queues.judge_runs, queues.migrated) if queues else None]
     torch.distributed.broadcast_object_list(counts, src=0)
     context.apply(["rollout"] * d.world_size)  # the next trial starts where a step starts
