@@ -50,16 +50,17 @@ def over_seeds(group: dict, key: str) -> str:
 
 
 def seeds_line(*reports: dict) -> list[str]:
-    """What a simulated table's figures are: the seeds and the loop's --updates they ran under (each
-    preset's, where they differ)."""
+    """What a simulated table's figures are: the seeds, the loop's --updates and the timed updates of each
+    run (each preset's, where they differ)."""
     said = {}
     for r in reports:
-        said.setdefault((", ".join(map(str, r["seeds"])), r["updates"]), []).append(r["preset"])
+        said.setdefault((", ".join(map(str, r["seeds"])), r["updates"], r["steps"]), []).append(r["preset"])
     lines = []
-    for (seeds, updates), presets in said.items():
+    for (seeds, updates, steps), presets in said.items():
         several = ", the lowest and highest seed's in brackets" if len(seeds.split(",")) > 1 else ""
         lines.append(("" if len(said) == 1 else f"{' and '.join(presets)}: ")
-                     + f"seeds {seeds}, `--updates {updates}`; each figure is the mean over the seeds{several}.")
+                     + f"seeds {seeds}, `--updates {updates}`, {steps} timed updates a run; each figure is the "
+                     f"mean over the seeds{several}.")
     return [line[0].upper() + line[1:] for line in lines] + [""]
 
 

@@ -320,7 +320,8 @@ def main(argv=None):
         results[group] = {"mean": seed_mean(list(by_seed.values())), "seeds": by_seed}
     print_summary(results, args.max_staleness, args.updates, paper)
     report = {"gpus": args.gpus, "preset": args.preset, "calibration": args.calibration,
-              "max_staleness": args.max_staleness, "updates": args.updates, "seeds": seeds, "groups": results,
+              "max_staleness": args.max_staleness, "updates": args.updates, "seeds": seeds, "steps": args.steps,
+              "groups": results,
               "paper": {key: list(v) for key, v in PAPER.items()}}
     if args.sweep:
         report["sweep"] = sweep(cal, groups, args, seeds[0])

@@ -56,3 +56,12 @@ def test_a_figure_changed_in_a_result_file_changes_its_table(name, tmp_path):
 def test_a_marker_of_no_known_table_says_which_there_are():
     with pytest.raises(SystemExit, match="no such table; tables.py knows sim-summary"):
         tables.refresh("<!-- table: sims -->\nx\n<!-- /table -->\n")
+
+
+def test_a_simulated_table_says_its_seeds_updates_and_timed_updates_each_preset_its_own():
+    paper = {"preset": "paper", "seeds": [0, 1, 2], "updates": "ready", "steps": 6}
+    h200 = {**paper, "preset": "h200", "steps": 2}
+    assert tables.seeds_line(paper) == ["Seeds 0, 1, 2, `--updates ready`, 6 timed updates a run; each figure is "
+                                        "the mean over the seeds, the lowest and highest seed's in brackets.", ""]
+    assert [line.split(":")[0] for line in tables.seeds_line(paper, h200)[:2]] == ["Paper", "H200"]
+    assert "2 timed updates" in tables.seeds_line(paper, h200)[1]
