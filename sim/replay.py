@@ -116,19 +116,20 @@ class Replay(Simulation):
         super()._dispatch(rnd)
         self.dispatched = [s.running[n:] for s, n in zip(self.slots, before)]
         rec = self.recorded[0] if self.recorded else {}
-        budgets = rec.get("budget") or {}
         if self.placement != "pivot" or "work" not in rec:
             return
+        budgets = rec.get("budget") or {}
+        cut = [budgets.get(slot.role) is not None and recorded != taken
+               for slot, taken, recorded in zip(self.slots, self.dispatched, rec["work"])]
+        if not any(cut) or any(c and (taken[:len(recorded)] != recorded or not recorded)
+                               for c, taken, recorded in zip(cut, self.dispatched, rec["work"])):
+            return  # nothing cut, or a take that is not a cut of its share: `_round` reports the difference
         back = []
-        for slot, n, taken, recorded in zip(self.slots, before, self.dispatched, rec["work"]):
-            if budgets.get(slot.role) is None or recorded == taken:
-                continue
-            if taken[:len(recorded)] != recorded or not recorded and taken:
-                return  # not a cut of its share: `_round` reports the difference
-            slot.running, back = slot.running[:n + len(recorded)], back + taken[len(recorded):]
-        if back:
-            self.step.requeue(back)
-            self.dispatched = [s.running[n:] for s, n in zip(self.slots, before)]
+        for c, slot, n, taken, recorded in zip(cut, self.slots, before, self.dispatched, rec["work"]):
+            if c:
+                slot.running, back = slot.running[:n + len(recorded)], back + taken[len(recorded):]
+        self.step.requeue(back)
+        self.dispatched = [s.running[n:] for s, n in zip(self.slots, before)]
 
     def _round(self, rnd: Round) -> bool:
         """Compares the round's orders with the loop's, then applies the loop's next reports: what each
