@@ -548,13 +548,15 @@ class LoopPlanner:
         return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks, self.synchronous)
 
     def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1) -> Speeds:
-        """The engines' fitted speeds; given each role's `seqs` queued and running over `ranks` ranks, an
-        engine's room is what it takes in (`capacity`), as the planner then weighs the roles."""
+        """The engines' fitted speeds and measured prefill speeds (`prefill_per_s`); given each role's `seqs`
+        queued and running over `ranks` ranks, an engine's room is what it takes in (`capacity`), as the
+        planner then weighs the roles."""
         engines = {}
         for role, fit in self.fits.items():
             prior, (step_s, per_seq_s) = getattr(self.speeds, role), fit.fit()
             room = prior.max_seqs if seqs is None else self._intake(role, seqs[role], ranks, step_s, per_seq_s)
-            engines[role] = replace(prior, step_s=step_s, per_seq_s=per_seq_s, max_seqs=room)
+            engines[role] = replace(prior, step_s=step_s, per_seq_s=per_seq_s, max_seqs=room,
+                                    prefill_per_s=self.prefill_per_s(role))
         return replace(self.speeds, train_per_s=self.train.per_s, beside_train=self.beside_train, **engines)
 
     def work(self, queues) -> Work:

@@ -406,3 +406,24 @@ def test_loop_adapter_measures_the_engines_beside_training():
     adapter(["judge", "train"], queues)
     assert adapter.measured_speeds().beside_train == pytest.approx(1.375)
     assert adapter.state()["beside_train"] == pytest.approx(1.375)
+
+
+def test_loop_adapter_weighs_the_prefill_speed_it_measured():
+    # Two judge steps that took in 2,000 and 1,000 prompt tokens, 0.1 s and 0.05 s beyond the decode fit:
+    # the planner weighs 20,000 tokens/s, not its prior. The rollout, with no such step, keeps its prior;
+    # a resumed run keeps what was measured.
+    adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+    fixed, per_seq = adapter.fits["judge"].fit()
+    decode = fixed + per_seq * 8
+    report = SimpleNamespace(role="judge", generated=[5] * 8, in_flight_tokens=80, train_s=0.0, responses=[],
+                             engine_steps=[(8, decode + 0.1, 2000), (8, decode + 0.05, 1000)])
+    queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None,
+                             update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)), early_train=False,
+                             queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, reports=[report])
+    adapter(["judge"], queues)
+    speeds = adapter.measured_speeds()
+    assert speeds.judge.prefill_per_s == pytest.approx(2e4)
+    assert speeds.rollout.prefill_per_s == SPEEDS.rollout.prefill_per_s
+    resumed = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+    resumed.load_state(adapter.state())
+    assert resumed.measured_speeds() == speeds
