@@ -387,19 +387,28 @@ def test_engines_slowed_beside_training_make_early_training_pay_less():
         finish_seconds(work, {"judge": 2}, SPEEDS, cheap, True)  # no rank trains: nothing slows
 
 
+def adapter_round(*reports) -> SimpleNamespace:
+    """A round as the loop's planner reads it (shifting.scheduler.StepQueues): nothing queued, and each rank's
+    report, given as (role, engine steps, seconds trained), of 8 sequences of 5 tokens in flight."""
+    return SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None,
+                           update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)), early_train=True,
+                           queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
+                           reports=[SimpleNamespace(role=role, generated=[5] * 8, in_flight_tokens=80,
+                                                    engine_steps=steps, train_s=train_s, responses=[])
+                                    for role, steps, train_s in reports])
+
+
+def new_adapter() -> LoopPlanner:
+    return LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+
+
 def test_loop_adapter_measures_the_engines_beside_training():
     # Judge steps of a round in which a rank trained take 1.5 times what the fit of the other rounds says:
     # the adapter's estimate moves halfway there each such round, and those steps leave the fit alone.
-    report = lambda role, steps, train_s: SimpleNamespace(  # noqa: E731
-        role=role, generated=[5] * 8, in_flight_tokens=80, engine_steps=steps, train_s=train_s, responses=[])
-    adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+    adapter = new_adapter()
     fixed, per_seq = adapter.fits["judge"].fit()
     alone = fixed + per_seq * 8
-    queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None,
-                             update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)),
-                             early_train=True, queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
-                             reports=[report("judge", [(8, 1.5 * alone, 0)] * 4, 0.0),
-                                      report("train", [], 0.2)])
+    queues = adapter_round(("judge", [(8, 1.5 * alone, 0)] * 4, 0.0), ("train", [], 0.2))
     adapter(["judge", "train"], queues)
     assert adapter.measured_speeds().beside_train == pytest.approx(1.25)
     assert adapter.fits["judge"].fit() == (fixed, per_seq)
@@ -412,18 +421,13 @@ def test_loop_adapter_weighs_the_prefill_speed_it_measured():
     # Two judge steps that took in 2,000 and 1,000 prompt tokens, 0.1 s and 0.05 s beyond the decode fit:
     # the planner weighs 20,000 tokens/s, not its prior. The rollout, with no such step, keeps its prior;
     # a resumed run keeps what was measured.
-    adapter = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+    adapter = new_adapter()
     fixed, per_seq = adapter.fits["judge"].fit()
     decode = fixed + per_seq * 8
-    report = SimpleNamespace(role="judge", generated=[5] * 8, in_flight_tokens=80, train_s=0.0, responses=[],
-                             engine_steps=[(8, decode + 0.1, 2000), (8, decode + 0.05, 1000)])
-    queues = SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None,
-                             update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)), early_train=False,
-                             queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, reports=[report])
-    adapter(["judge"], queues)
+    adapter(["judge"], adapter_round(("judge", [(8, decode + 0.1, 2000), (8, decode + 0.05, 1000)], 0.0)))
     speeds = adapter.measured_speeds()
     assert speeds.judge.prefill_per_s == pytest.approx(2e4)
     assert speeds.rollout.prefill_per_s == SPEEDS.rollout.prefill_per_s
-    resumed = LoopPlanner(SPEEDS, costs(1e3), LengthEstimate([20, 40], 64), LengthEstimate([30], 96))
+    resumed = new_adapter()
     resumed.load_state(adapter.state())
     assert resumed.measured_speeds() == speeds
