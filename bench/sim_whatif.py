@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import result_files  # noqa: E402
-from roles import ENGINE_ROLES  # noqa: E402
+from roles import ENGINE_ROLES, Role  # noqa: E402
 from sim.__main__ import PAPER, simulate  # noqa: E402
 from sim.calibration import load, preset  # noqa: E402
 
@@ -56,6 +56,9 @@ CASES = {
                        "within the round; the rest waits at rank 0 for the planner and for slots that join the "
                        "role (the loop: the judge's at K = 0 alone, book.prefill_budget)",
                        {}, {"prefill_intake": ENGINE_ROLES}),
+    "judge prefill budget": ("pivot's judge engines, at any K, take new work only as far as they prefill it within "
+                             "the round, as the loop's do at K = 0 alone (book.prefill_budget); the rollout engines "
+                             "up to their room", {}, {"prefill_intake": (Role.JUDGE,)}),
     "no prefill budget": ("at K = 0 pivot's judge engines take new work up to their intake, not only as far as "
                           "they prefill it within the round (book.prefill_budget, the loop's rule)", {},
                           {"prefill_budget": False}),

@@ -143,9 +143,10 @@ def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int
     in it, the longest to the step's end) waits at rank 0 for them instead, as serving routers balance by
     each engine's outstanding work, not by its room. Every other engine takes its room: at K > 0 the
     rollout ranks go on with the next step's prompts and the train ranks with an earlier step's groups, so
-    work held back would take ranks from them at a batch that uses each less well (the simulator's paper
-    preset ran pivot@2 slower so), and a step's prompts are queued at its start, when no rank is about to
-    join rollout."""
+    work held back would take ranks from them at a batch that uses each less well (bench/sim_whatif.py
+    `judge prefill budget`: at the paper preset the 32B and 72B groups' pivot@2 ran slower so, though the
+    1.5B and 7B groups' ran faster), and a step's prompts are queued at its start, when no rank is about
+    to join rollout."""
     if role != Role.JUDGE or not synchronous:
         return room
     steps_well = math.ceil(knee * step_s / per_seq_s) if per_seq_s > 0 else room
