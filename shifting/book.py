@@ -153,7 +153,8 @@ def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int
     return max(1, min(room, max(steps_well, math.ceil(role_seqs / ranks))))
 
 
-def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_per_s: float) -> float | None:
+def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_per_s: float,
+                   roles: tuple[str, ...] = (Role.JUDGE,)) -> float | None:
     """The context tokens of new work one of pivot's engines takes in at a round's start: in a timed round
     (`seconds`) of a `synchronous` run (--max-staleness 0) a judge engine takes only what it prefills in the
     round (at `prefill_per_s`), one request at least (`within_budget`); the rest waits at rank 0, where
@@ -161,8 +162,9 @@ def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_
     of such a step would otherwise take in responses as they finish, up to their intake (`intake`), and
     the ranks that join the judge as the rollout ends find the queue empty. The simulator's paper preset,
     seed 0, pivot@0 over colocated@0 with and without it: 0.98x and 0.81x (1.5B group), 1.31x and 1.33x
-    (7B), 1.16x and 1.12x (32B), 1.08x and 1.10x (72B) (bench/sim_whatif.py --max-staleness 0)."""
-    if role != Role.JUDGE or not synchronous or seconds is None:
+    (7B), 1.16x and 1.12x (32B), 1.08x and 1.10x (72B) (bench/sim_whatif.py --max-staleness 0). `roles`:
+    the engine roles that keep a budget, the judge's in the loop (the simulator's what-ifs add others)."""
+    if role not in roles or not synchronous or seconds is None:
         return None
     return seconds * prefill_per_s
 

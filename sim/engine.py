@@ -521,10 +521,9 @@ class Simulation:
         if self.placement != "pivot" or rnd.seconds is None:
             return None
         speed = self.speeds.rollout if role == Role.ROLLOUT else self.speeds.judge
-        if role in self.rules.prefill_intake:
-            return speed.prefill_per_s * rnd.seconds
-        return book.prefill_budget(role, self.rules.prefill_budget and self.max_staleness == 0, rnd.seconds,
-                                   speed.prefill_per_s)
+        synchronous = role in self.rules.prefill_intake or self.rules.prefill_budget and self.max_staleness == 0
+        return book.prefill_budget(role, synchronous, rnd.seconds, speed.prefill_per_s,
+                                   roles=(Role.JUDGE, *self.rules.prefill_intake))
 
     def _hand_to_train(self) -> None:
         """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot

@@ -59,6 +59,7 @@ def test_a_judge_engine_at_k0_takes_in_what_it_prefills_in_a_timed_round_and_the
     assert prefill_budget("judge", True, None, 1000.0) is None  # an untimed round: up to the intake
     assert prefill_budget("judge", False, 0.5, 1000.0) is None  # K > 0
     assert prefill_budget("rollout", True, 0.5, 1000.0) is None
+    assert prefill_budget("rollout", True, 0.5, 1000.0, roles=("rollout", "judge")) == 500.0  # a what-if's roles
     assert within_budget([200.0, 200.0, 200.0], 500.0) == 2
     assert within_budget([900.0, 10.0], 500.0) == 1  # the first whatever its size
     assert within_budget([], 500.0) == 0 and within_budget([900.0, 10.0], None) == 2
