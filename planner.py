@@ -358,9 +358,11 @@ class LinearFit:
         self.sums = tuple(s * self.decay + d for s, d in zip(self.sums, _sums([(units, seconds)], 1.0)))
 
     def fit(self) -> tuple[float, float]:
-        """(fixed, per_unit), neither below zero (a noisy fit could make one so)."""
+        """(fixed, per_unit), neither below zero (a noisy fit could make one so); where every measurement and
+        the prior have the same units (an engine of one sequence), their mean seconds and none per unit."""
         w, x, y, xx, xy = (a + b for a, b in zip(self.sums, self.prior))
-        per_unit = max(0.0, (w * xy - x * y) / (w * xx - x * x))
+        spread = w * xx - x * x
+        per_unit = max(0.0, (w * xy - x * y) / spread) if spread > 0 else 0.0
         return max(0.0, (y - per_unit * x) / w), per_unit
 
 

@@ -139,6 +139,9 @@ class Slot:
     t: float = 0.0  # the end of its engine's last whole step
     step_s: float = 0.0  # seconds per engine step until its batch or the cores' sharing changes
     prefill_s: float = 0.0  # prefill its engine has still to do before it decodes again (uncontended seconds)
+    # its round's prefill chunks as _prefill set them: (first chunk's start, a chunk's seconds, the cores' share,
+    # the last chunk's end), which a round that ends sooner cuts (_end_round)
+    chunks: tuple[float, float, float, float] | None = None
     halt: float = math.inf  # this round it starts no engine step after this
     stopped: bool = True  # done with this round: waiting for the others
     arrived: bool = True  # has reached the round's end on its own (its limit; or it ran empty, or had no work)
@@ -585,7 +588,7 @@ class Simulation:
         self.round_end = math.inf  # once every slot has arrived (step_on) or enough ran empty (early rounds)
         self.emptied = 0
         for s in self.slots:  # a slot still shifting has taken its work, and starts on it (and its time) once shifted
-            s.t, s.stepped, s.version = max(start, s.ready_at), False, s.version + 1
+            s.t, s.stepped, s.version, s.chunks = max(start, s.ready_at), False, s.version + 1, None
             s.halt = s.t + rnd.seconds if rnd.seconds is not None else math.inf
             s.stopped = s.arrived = s.role not in ENGINE_ROLES or not s.running
         self.train_arrived, self.train_arrives_at = self.train_left == 0, None
@@ -749,11 +752,17 @@ class Simulation:
 
     def _end_round(self) -> None:
         """The round is over now: every slot stops at its first step boundary (or group boundary) after it
-        learns so through the store, `notice_s` later (the loop's RoundEnd)."""
+        learns so through the store, `notice_s` later (the loop's RoundEnd); a slot taking in its new work
+        stops after the prefill chunk in progress then, and the rest waits for the next round."""
         seen = self.now + self.rules.notice_s
         self.round_end = min(self.round_end, seen)
         for s in self.slots:
             s.halt = min(s.halt, seen)
+            if s.chunks is not None and s.t == s.chunks[3] > seen:  # the chunk in progress is its last
+                start, chunk, share, end = s.chunks
+                s.t = min(end, start + max(1, math.ceil((seen - start) / chunk - 1e-9)) * chunk)
+                s.prefill_s += (end - s.t) / share
+                s.chunks = None
         if self.train_left > 0:
             self._push(seen, -3, 0)
         self._retime(None)
@@ -792,7 +801,8 @@ class Simulation:
         """The round's first engine steps take in the slot's new requests, at most a chunk of
         `prefill_chunk_tokens` a step (vLLM's chunked prefill), those that start before the round's
         halt; its sequences decode once all is in (the one token a chunk step also decodes for each
-        running sequence is left out). What is left waits for the next round."""
+        running sequence is left out). What is left waits for the next round, as does what a round that
+        ends sooner leaves after the chunk in progress (_end_round)."""
         chunk = share * self.model.prefill_chunk_tokens / self.model.prefill_per_s[slot.role]
         left = share * slot.prefill_s
         chunks = max(1, math.ceil(left / chunk - 1e-9))
@@ -803,6 +813,7 @@ class Simulation:
         slot.prefill_s = max(0.0, slot.prefill_s - seconds / share)
         slot.stepped = True
         self.step.recent_steps.add(seconds / chunks, chunks)
+        slot.chunks = (slot.t - seconds, chunk, share, slot.t)
         if slot.prefill_s:
             slot.halt = min(slot.halt, slot.t)
 

@@ -283,6 +283,9 @@ def test_linear_fit_follows_measurements_and_starts_from_its_prior():
         fit.observe(16, 0.5)
     fixed, per = fit.fit()
     assert fixed + 16 * per == pytest.approx(0.5, rel=0.05)
+    one = LinearFit(0.0, 0.0, lo=1, hi=1, prior_weight=1e-6)  # an engine of one sequence: no slope to fit
+    one.observe(1, 0.25)
+    assert one.fit() == pytest.approx((0.25, 0.0), rel=1e-4)
 
 
 def test_length_estimate():
