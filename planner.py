@@ -25,7 +25,9 @@ waits for rollout, rollout ranks with nothing running join the judge (all of the
 ended, before that as many as the waiting responses fill). At --max-staleness K > 0 the update's groups
 are an earlier step's, judged before the step starts, so training them is such work: the train role
 holds a rank from the step's start until they are trained, and the update made then is published during
-the step, which lets the next step's rollout fill this one's tails (shifting/book.py publish_due).
+the step, which lets the next step's rollout fill this one's tails (shifting/book.py publish_due). Where
+the step may end with groups still out (--updates ready at K >= 2), its longest critique goes on into the
+next step, so the model weighs the judge's bulk and the update's training instead of it.
 """
 import math
 from dataclasses import dataclass, replace
@@ -61,6 +63,9 @@ class Work:
     # The update's groups are an earlier step's (--max-staleness > 0): the train ranks make the update as
     # soon as they are through them, and the step then ends without one on every rank.
     update_early: bool = False
+    # The step may end with some of its groups still out, which go on in the next step (--updates ready at
+    # K >= 2: shifting/book.py Book.may_end): with `update_early`, its longest critique holds no update.
+    spill: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,9 +148,15 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
                    early_train: bool = False) -> float:
     """Predicted seconds until the step's update is done with `counts` ranks per role now, if rollout
     ranks join the judge when rollout ends and every rank trains once judging ends (what the train ranks
-    have not trained by then; with `work.update_early`, nothing when they have trained it all)."""
+    have not trained by then; with `work.update_early`, nothing when they have trained it all). Where the
+    step may also end with groups still out (`work.spill` beside `update_early`), until the judge is
+    through the bulk of its work and the train ranks through the update, whichever is later: the
+    update's publish begins the next step, whose rollout fills this one's tail, and its longest critique
+    goes on into the next step (the simulator's paper preset, 1.5B group, seed 0, K = 2: weighing that
+    critique, the planner left about 100 slots idle in the judge for 175 s while 9 trained the update)."""
     r, g, t = counts.get(Role.ROLLOUT, 0), counts.get(Role.JUDGE, 0), counts.get(Role.TRAIN, 0) if early_train else 0
     n = sum(counts.values())
+    ready_first = work.update_early and work.spill
     if t:
         speeds = replace(speeds, rollout=_slowed(speeds.rollout, speeds.beside_train),
                          judge=_slowed(speeds.judge, speeds.beside_train))
@@ -161,9 +172,11 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
             return math.inf
         last = _one_critique(speeds.judge, work.critique_tokens) if work.rollout_seqs else 0.0
         longest = _one_critique(speeds.judge, work.judge_longest) + (0.0 if g else rollout)
-        judge = max(rollout + last, longest,
-                    rollout + (left + joining * costs[(Role.ROLLOUT, Role.JUDGE)]) / (g + joining))
+        bulk = rollout + (left + joining * costs[(Role.ROLLOUT, Role.JUDGE)]) / (g + joining)
+        judge = max(rollout + last, bulk) if ready_first else max(rollout + last, longest, bulk)
     need = work.train_tokens / speeds.train_per_s
+    if ready_first and t:
+        return max(judge, need / t)
     # Early train ranks can only work through groups already judged: in a long tail most groups
     # complete near the end, so counting on those still to come would park ranks in train idle.
     left = need - min(need, t * judge, work.train_ready / speeds.train_per_s)
@@ -576,13 +589,14 @@ class LoopPlanner:
             judge_prefill=sum(len(r.prompt_ids) for r in queues.queued(Role.JUDGE)),
             prompt_tokens=prompt, judge_template_tokens=self.judge_template, train_ready=ready,
             train_generated=generated, train_coming=coming, early_train=queues.early_train,
-            update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques)
+            update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques,
+            spill=queues.spill)
 
 
 def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float, judge_waiting: int,
               judge_prefill: float, prompt_tokens: float, judge_template_tokens: float, train_ready: float,
               train_generated: float, train_coming: int, early_train: bool, update_early: bool,
-              lengths: LengthEstimate, critiques: LengthEstimate) -> Work:
+              lengths: LengthEstimate, critiques: LengthEstimate, spill: bool) -> Work:
     """What is left of a step, as the planner weighs it, from what rank 0 knows of it (the loop's
     LoopPlanner.work and the simulator both build it here): `rolling`, the tokens generated so far by
     every response not finished (queued or running; a migrated one has some), `judging`, those of every
@@ -592,8 +606,9 @@ def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float,
     (book.Book.train_work). A response still to come is priced at the expected length (neither side knows
     one before it is generated): its sample at the prompt and the response, its judge prompt at those and
     the template. Whether the step's rounds hand judged groups to train ranks at all
-    (`early_train`: none are ready for them otherwise, as in a step rolled out before the first update).
-    `lengths` and `critiques` estimate what each sequence has left."""
+    (`early_train`: none are ready for them otherwise, as in a step rolled out before the first update),
+    whether the update's groups are an earlier step's (`update_early`) and whether the step may end with
+    groups still out (`spill`). `lengths` and `critiques` estimate what each sequence has left."""
     response = lengths.mean()
     return Work(
         rollout_seqs=len(rolling),
@@ -610,4 +625,5 @@ def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float,
         train_ready=train_ready if early_train else 0.0,
         train_tokens=train_generated + train_coming * (prompt_tokens + response),
         update_early=update_early,
+        spill=spill,
     )

@@ -179,6 +179,22 @@ def test_an_earlier_steps_update_made_by_the_train_ranks_costs_the_step_nothing_
         finish_seconds(done, {"rollout": 8}, SPEEDS, costs(0.0), True))
 
 
+def test_a_step_that_may_spill_weighs_its_update_not_its_longest_critique():
+    """--updates ready at K >= 2 (Work.spill): the step may end with groups still out, which go on in the
+    next step, and the update's publish begins that step, whose rollout fills this one's tail. So with one
+    rank writing the last long critique (about 1,000 s alone) and one training the update (200 s alone),
+    the two idle judge ranks go to train, where the update is published three times sooner. Step-locked,
+    the step lasts until that critique is written, long after the train rank is through: they stay."""
+    work = Work(judge_seqs=1, judge_tokens=2e4, judge_longest=2e4, train_ready=1e6, train_tokens=1e6,
+                update_early=True, spill=True)
+    config = PlannerConfig(early_train=True)
+    held = [Rank("judge", 20000), Rank("judge", 0), Rank("judge", 0), Rank("train")]
+    shifts = {**costs(1.0), ("train", "train"): 1.0}
+    assert finish_seconds(work, {"judge": 1, "idle": 2, "train": 1}, SPEEDS, shifts, True) == pytest.approx(200)
+    assert plan(held, work, SPEEDS, shifts, config) == [Move(1, "judge", "train"), Move(2, "judge", "train")]
+    assert plan(held, replace(work, spill=False), SPEEDS, shifts, config) == []
+
+
 def test_the_train_ranks_make_the_update_alone_where_every_rank_would_not_be_faster():
     """Once the step's rounds are over, with 8 s of training left: the two train ranks of four alone, or
     every rank (the others shifting into train while the train ranks reshard, all at once, then the
@@ -317,7 +333,7 @@ def test_loop_adapter_reads_step_queues():
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 2, update_book=SimpleNamespace(train_work=lambda: (0, 0, 1)),
-        train_pool=None, early_train=True,
+        train_pool=None, spill=False, early_train=True,
         queued={"rollout": [], "judge": [request(50)] * 400}.__getitem__, round_s=0.05,
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
@@ -362,7 +378,7 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
                                                      responses=[])
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 4, update_book=SimpleNamespace(train_work=lambda: (4000, 8000, 0)),
-        train_pool=None,
+        train_pool=None, spill=False,
         queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, early_train=True,
         reports=[report("judge", [5] * 60), report("judge", [30])])
     adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
@@ -393,7 +409,7 @@ def test_engines_slowed_beside_training_make_early_training_pay_less():
 def adapter_round(*reports) -> SimpleNamespace:
     """A round as the loop's planner reads it (shifting.scheduler.StepQueues): nothing queued, and each rank's
     report, given as (role, engine steps, seconds trained), of 8 sequences of 5 tokens in flight."""
-    return SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None,
+    return SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None, spill=False,
                            update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)), early_train=True,
                            queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
                            reports=[SimpleNamespace(role=role, generated=[5] * 8, in_flight_tokens=80,
