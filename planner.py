@@ -171,9 +171,9 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
         if g + joining == 0:
             return math.inf
         last = _one_critique(speeds.judge, work.critique_tokens) if work.rollout_seqs else 0.0
-        longest = _one_critique(speeds.judge, work.judge_longest) + (0.0 if g else rollout)
-        bulk = rollout + (left + joining * costs[(Role.ROLLOUT, Role.JUDGE)]) / (g + joining)
-        judge = max(rollout + last, bulk) if ready_first else max(rollout + last, longest, bulk)
+        judge = max(rollout + last, rollout + (left + joining * costs[(Role.ROLLOUT, Role.JUDGE)]) / (g + joining))
+        if not ready_first:  # ... and its longest critique, which a step that may spill leaves to the next
+            judge = max(judge, _one_critique(speeds.judge, work.judge_longest) + (0.0 if g else rollout))
     need = work.train_tokens / speeds.train_per_s
     if ready_first and t:
         return max(judge, need / t)

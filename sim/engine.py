@@ -221,6 +221,12 @@ class Step(book.Book):
         self.queue[Role.ROLLOUT].clear()
 
 
+
+def _chunks_before(seconds: float, chunk: float) -> int:
+    """Prefill chunks of `chunk` seconds an engine starts within `seconds` of its first: one at least (a
+    step under way is finished; the first starts with the round)."""
+    return max(1, math.ceil(seconds / chunk - 1e-9))
+
 class Simulation:
     def __init__(self, model: CostModel, workload: Workload, slots: int, placement: str, *, seed: int = 0,
                  config: planner.PlannerConfig | None = None, rules: RoundRules = RoundRules(),
@@ -760,7 +766,7 @@ class Simulation:
             s.halt = min(s.halt, seen)
             if s.chunks is not None and s.t == s.chunks[3] > seen:  # the chunk in progress is its last
                 start, chunk, share, end = s.chunks
-                s.t = min(end, start + max(1, math.ceil((seen - start) / chunk - 1e-9)) * chunk)
+                s.t = min(end, start + _chunks_before(seen - start, chunk) * chunk)
                 s.prefill_s += (end - s.t) / share
                 s.chunks = None
         if self.train_left > 0:
@@ -807,7 +813,7 @@ class Simulation:
         left = share * slot.prefill_s
         chunks = max(1, math.ceil(left / chunk - 1e-9))
         if slot.halt < math.inf:
-            chunks = min(chunks, max(1, math.ceil((slot.halt - slot.t) / chunk - 1e-9)))
+            chunks = min(chunks, _chunks_before(slot.halt - slot.t, chunk))
         seconds = min(left, chunks * chunk)
         slot.t += seconds
         slot.prefill_s = max(0.0, slot.prefill_s - seconds / share)

@@ -464,7 +464,8 @@ def test_at_k0_the_figures_are_those_before_the_pipeline(cal, placement, seconds
     the ranks learn of a round's end from a wait on the store, book.NOTICE_S after it, where they looked
     it up every 10 ms (5 ms later on average); and a slot taking in its new work stops, as a round ends, after
     the prefill chunk in progress, where it went on through the round's chunks. Pivot's judge engines take up
-    to their room here, as they did then (RoundRules.intake and prefill_budget off; book.intake and book.prefill_budget came after)."""
+    to their room here, as they did then (RoundRules.intake and prefill_budget off; book.intake and
+    book.prefill_budget came after)."""
     sim, result, _ = run(cal, placement, rules=RoundRules(intake=False, prefill_budget=False))
     assert (result.seconds, result.shifts, result.rounds) == (seconds, shifts, rounds)
     assert result.critical_path_s == 205.0381855320795
