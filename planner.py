@@ -475,7 +475,7 @@ class LoopPlanner:
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
                  critiques: LengthEstimate, config: PlannerConfig = PlannerConfig(), synchronous: bool = True):
         self.speeds, self.costs, self.config = speeds, costs, config
-        self.synchronous = synchronous  # --max-staleness 0: the judge engines' intake holds work back (book.intake)
+        self.synchronous = synchronous  # --max-staleness 0: the judge engines' prefill budget (book.prefill_budget)
         self.lengths, self.critiques = lengths, critiques
         self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
                      for role, s in ((Role.ROLLOUT, speeds.rollout), (Role.JUDGE, speeds.judge))}
@@ -560,7 +560,7 @@ class LoopPlanner:
         return self._intake(role, seqs, ranks, *self.fits[role].fit())
 
     def _intake(self, role: str, seqs: int, ranks: int, step_s: float, per_seq_s: float) -> int:
-        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks, self.synchronous)
+        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks)
 
     def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1) -> Speeds:
         """The engines' fitted speeds and measured prefill speeds (`prefill_per_s`); given each role's `seqs`

@@ -132,22 +132,21 @@ def shares(queued: int, in_flight: list[int], capacity: int) -> list[int]:
     return take
 
 
-def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int, ranks: int, synchronous: bool,
+def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int, ranks: int,
            knee: float = INTAKE_KNEE) -> int:
-    """The most sequences one of pivot's engines takes in. A judge engine of a `synchronous` run
-    (--max-staleness 0) takes as many as keep its engine step within (1 + `knee`) times its fixed part (an
-    engine step is `step_s` + `per_seq_s` x its sequences, the planner's fit), but never fewer than its
-    even share of the judge's `role_seqs` (queued and running) over all `ranks`, nor more than its `room`
-    (--max-seqs). In such a step every rank that rolls out turns to the judge as the rollout ends, so what
-    the first judge engines would crowd in (a longer batch adds little throughput and slows every critique
-    in it, the longest to the step's end) waits at rank 0 for them instead, as serving routers balance by
-    each engine's outstanding work, not by its room. Every other engine takes its room: at K > 0 the
-    rollout ranks go on with the next step's prompts and the train ranks with an earlier step's groups, so
-    work held back would take ranks from them at a batch that uses each less well (bench/sim_whatif.py
-    `judge prefill budget`: at the paper preset the 32B and 72B groups' pivot@2 ran slower so, though the
-    1.5B and 7B groups' ran faster), and a step's prompts are queued at its start, when no rank is about
-    to join rollout."""
-    if role != Role.JUDGE or not synchronous:
+    """The most sequences one of pivot's engines takes in. A judge engine takes as many as keep its engine
+    step within (1 + `knee`) times its fixed part (an engine step is `step_s` + `per_seq_s` x its
+    sequences, the planner's fit), but never fewer than its even share of the judge's `role_seqs` (queued
+    and running) over all `ranks`, nor more than its `room` (--max-seqs). What the first judge engines
+    would crowd in (a longer batch adds little throughput and slows every critique in it, the longest to
+    the step's end) waits at rank 0 instead for the ranks that join the judge (at K = 0 every rollout rank,
+    as the rollout ends; at K > 0 the rollout ranks with nothing running), as serving routers balance by
+    each engine's outstanding work, not by its room. At K > 0 this took the simulator's paper preset
+    (128 H20, seeds 0-2, six timed updates) from 164.8 to 141.9 s a step for the 1.5B group's pivot@2 and
+    from 218.7 to 192.0 s for the 7B group's; it costs the work-bound groups a little at seed 0 (32B 480.9
+    -> 487.7 s, 72B 1,016.6 -> 1,058.8 s: smaller judge batches where no rank idles). A rollout engine
+    takes its room: a step's prompts are queued at its start, when no rank is about to join rollout."""
+    if role != Role.JUDGE:
         return room
     steps_well = math.ceil(knee * step_s / per_seq_s) if per_seq_s > 0 else room
     return max(1, min(room, max(steps_well, math.ceil(role_seqs / ranks))))

@@ -90,9 +90,9 @@ class Placement:
 
     def capacity(self, role: str, seqs: int) -> int:
         """The most sequences an engine of `role` takes in, given the role's `seqs` queued and running: its
-        room (--max-seqs), but at K = 0 pivot's judge engines only as many as they step well (book.intake,
-        from the planner's fit of their steps), so that responses they would crowd in wait for the rollout
-        ranks, which join the judge as rollout ends."""
+        room (--max-seqs), but pivot's judge engines only as many as they step well (book.intake, from the
+        planner's fit of their steps), so that responses they would crowd in wait for the ranks that join
+        the judge."""
         if self.planner is None:
             return self.options.max_seqs
         return self.planner.capacity(role, seqs, self.world_size)

@@ -86,7 +86,7 @@ class RoundRules:
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
                           them all only where the train group changes; a shift between engine roles
                           holds the shifting slot alone, which takes work again at the next round)
-      intake              at K = 0 pivot's judge engines take in only as many responses as they step well
+      intake              pivot's judge engines take in only as many responses as they step well
                           (book.intake, as the loop's do; off: up to their room)
       prefill_budget      at K = 0 pivot's judge engines take new work in a timed round only as far as they
                           prefill it in the round (book.prefill_budget, as the loop's do; off: up to their
@@ -512,15 +512,15 @@ class Simulation:
 
     def _capacity(self, role: str) -> int:
         """The most sequences an engine of `role` takes in (Placement.capacity in pivot_train.py): pivot's
-        intake (book.intake: at K = 0 a judge engine's holds back what it would crowd in) from rank 0's fit
-        of the role's engine steps, given its sequences queued and running; the others', and pivot's
-        without `RoundRules.intake`, the engine's room."""
+        intake (book.intake: a judge engine's holds back what it would crowd in) from rank 0's fit of the
+        role's engine steps, given its sequences queued and running; the others', and pivot's without
+        `RoundRules.intake`, the engine's room."""
         room = self.model.max_seqs[role]
         if not self.rules.intake or self.placement != "pivot":
             return room
         step_s, per_seq_s = self.fits[role].fit()
         seqs = len(self.step.queue[role]) + sum(len(s.running) for s in self.slots if s.role == role)
-        return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots), self.max_staleness == 0)
+        return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots))
 
     def _budget(self, role: str, rnd: Round) -> float | None:
         """The context tokens of new work one of the role's engines takes in this round (book.prefill_budget,

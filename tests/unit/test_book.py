@@ -29,17 +29,15 @@ def test_shares_even_out_loads_up_to_capacity():
 
 def test_a_judge_engine_takes_in_what_it_steps_well_or_its_even_share():
     # An engine step of 0.006 s + 0.0002 s a sequence doubles its fixed part at 30 sequences.
-    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, True) == 30
-    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, True, knee=2.0) == 60
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128) == 30
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, knee=2.0) == 60
     # Never below the role's sequences shared over every rank, nor above the engine's room.
-    assert intake("judge", 0.006, 0.0002, 128, 8000, 128, True) == 63
-    assert intake("judge", 0.006, 0.0002, 128, 100000, 128, True) == 128
-    assert intake("judge", 0.006, 0.0, 128, 10, 128, True) == 128  # no cost a sequence measured: its room
-    assert intake("judge", 0.0, 0.001, 128, 0, 128, True) == 1  # one at least
-    # A rollout engine takes its room: a step's prompts are queued at its start, when none is to join; and
-    # at K > 0 a judge engine too: the rollout ranks go on with the next step.
-    assert intake("rollout", 0.006, 0.0002, 128, 1000, 128, True) == 128
-    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, False) == 128
+    assert intake("judge", 0.006, 0.0002, 128, 8000, 128) == 63
+    assert intake("judge", 0.006, 0.0002, 128, 100000, 128) == 128
+    assert intake("judge", 0.006, 0.0, 128, 10, 128) == 128  # no cost a sequence measured: its room
+    assert intake("judge", 0.0, 0.001, 128, 0, 128) == 1  # one at least
+    # A rollout engine takes its room: a step's prompts are queued at its start, when none is to join.
+    assert intake("rollout", 0.006, 0.0002, 128, 1000, 128) == 128
 
 
 def test_work_beyond_the_intake_waits_for_a_rank_that_joins():
@@ -47,7 +45,7 @@ def test_work_beyond_the_intake_waits_for_a_rank_that_joins():
     book.queue["judge"].extend(book.queue["rollout"])
     book.queue["rollout"].clear()
     book.phase[:] = 2  # every response finished, waiting for the judge
-    cap = intake("judge", 0.006, 0.0002, 128, 200, 16, True)
+    cap = intake("judge", 0.006, 0.0002, 128, 200, 16)
     assert [len(w) for w in book.dispatch("judge", [0, 0], cap)] == [30, 30]
     assert len(book.queue["judge"]) == 140
     # A rank that joins the judge a round later takes work in its first round, up to the intake.
