@@ -473,9 +473,8 @@ class LoopPlanner:
     """
 
     def __init__(self, speeds: Speeds, costs: dict[tuple[str, str], float], lengths: LengthEstimate,
-                 critiques: LengthEstimate, config: PlannerConfig = PlannerConfig(), synchronous: bool = True):
+                 critiques: LengthEstimate, config: PlannerConfig = PlannerConfig()):
         self.speeds, self.costs, self.config = speeds, costs, config
-        self.synchronous = synchronous  # --max-staleness 0: the judge engines' prefill budget (book.prefill_budget)
         self.lengths, self.critiques = lengths, critiques
         self.fits = {role: LinearFit(s.step_s, s.per_seq_s, hi=s.max_seqs)
                      for role, s in ((Role.ROLLOUT, speeds.rollout), (Role.JUDGE, speeds.judge))}

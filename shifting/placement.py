@@ -53,8 +53,7 @@ class Placement:
                                        {(a, b): 0.01 for a in ROLES for b in ROLES if a != b or a == Role.TRAIN},
                                        LengthEstimate([], options.max_response_tokens),
                                        LengthEstimate([], options.max_critique_tokens),
-                                       PlannerConfig(early_train=self.early_train, min_train_ranks=1),
-                                       synchronous=options.max_staleness == 0)
+                                       PlannerConfig(early_train=self.early_train, min_train_ranks=1))
         # The run's one estimate of the training speed (the pivot planner's, where there is one): every
         # early train round measures it (StepQueues.ingest), and each update of a pivot run (`learn`).
         self.train_speed = self.planner.train if self.planner else TrainSpeed()
@@ -103,7 +102,7 @@ class Placement:
         planner's measured prefill speed), so that work waits at rank 0 for the ranks that join the judge."""
         if self.planner is None:
             return None
-        return book.prefill_budget(role, self.planner.synchronous, seconds, self.planner.prefill_per_s(role))
+        return book.prefill_budget(role, self.options.max_staleness == 0, seconds, self.planner.prefill_per_s(role))
 
     def next_roles(self, roles: list[str], queues, rng) -> tuple[list[str], Rounds]:
         """The roles from now on, and how long the ranks work before they next report: --force-shifts'

@@ -221,11 +221,11 @@ class Step(book.Book):
         self.queue[Role.ROLLOUT].clear()
 
 
-
 def _chunks_before(seconds: float, chunk: float) -> int:
     """Prefill chunks of `chunk` seconds an engine starts within `seconds` of its first: one at least (a
     step under way is finished; the first starts with the round)."""
     return max(1, math.ceil(seconds / chunk - 1e-9))
+
 
 class Simulation:
     def __init__(self, model: CostModel, workload: Workload, slots: int, placement: str, *, seed: int = 0,

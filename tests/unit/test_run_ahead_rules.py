@@ -148,8 +148,8 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
 def test_an_update_not_made_during_the_step_is_made_after_it_by_the_slots_that_trained_it(monkeypatch):
     """As the loop does (pivot_train.to_train, then train_step; book.update_roles): where no round's start
     made the update, because its last groups were trained in the step's last round (this run's second
-    update at seed 1), the train slots make it alone, no slot moving to train; where groups are left to train (the
-    drain's), every pivot slot moves to train for them; one made during the step needs no move."""
+    update at seed 1), the train slots make it alone, no slot moving to train; where groups are left to
+    train (the drain's), every pivot slot moves to train for them; one made during the step needs no move."""
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
     sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2, seed=1,
