@@ -44,6 +44,8 @@ CASES = {
                    {}, {"round_steps": 400}),
     "stop at limit": ("a slot past the round's limit stops and waits for the round's end instead of stepping "
                       "on until every slot has reached it", {}, {"step_on": False}),
+    "train waits": ("train slots through their groups wait for the round's end, where the loop's end an early "
+                    "round as an engine run empty does and take other work", {}, {"trained_through": False}),
     "shifts stall": ("every shift holds every slot until the longest one is done, a shift between engine "
                      "roles too", {}, {"shifts_stall_all": True}),
     "light tails": ("responses and critiques with p99 at 3x the median instead of 10x (same budgets): about what "

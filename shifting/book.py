@@ -109,7 +109,8 @@ def rank_roles(slot_roles: list[str], size: int) -> list[str]:
 
 
 def empty_enough(ranks: int, share: float = EMPTY_SHARE) -> int:
-    """How many ranks must have run empty to end a round early for every rank: `share` of them, one at least."""
+    """How many ranks must have run empty to end a round early for every rank: `share` of them, one at least.
+    A train rank through every group handed to it in the round counts as run empty."""
     return max(1, math.ceil(ranks * share))
 
 

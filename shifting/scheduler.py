@@ -97,7 +97,8 @@ class Room:
 class Rounds:
     """How long every rank works before its next report: at most `engine_steps` engine steps and at most
     `seconds` (None: no limit of that kind); a rank whose engine runs empty reports at once, and with
-    `early` it ends the round for every rank (the placement has other work for a rank that runs empty)."""
+    `early` it ends the round for every rank (the placement has other work for a rank that runs empty), as
+    a train rank through the groups handed to it does."""
     engine_steps: int | None = None
     seconds: float | None = None
     early: bool = False
@@ -106,15 +107,15 @@ class Rounds:
 class RoundEnd:
     """When a timed round ends, agreed without a collective: a counter in the launch's store that every
     rank adds 1 to once it has had its round's time (or has nothing left to do), and that a rank whose
-    engine ran empty (when the placement may have other work for it) also adds world size + 1 to: the round
-    ends once every rank has arrived, or once EMPTY_SHARE of the ranks have run empty. The rank whose add
-    ends it sets the round's `over` key. A rank past its time keeps working until then: a thread of its own
-    waits for that key on `watch` (a second client of the store: one client serves one request at a time,
-    so a wait on `store` would hold the rank's other requests behind it), and between engine steps the
-    rank reads the thread's flag. So no rank idles while another finishes a long step, a long prefill or a
-    training share, the exchange comes once all are ready for it, and the store hears from each rank once
-    or twice a round, where a look-up between engine steps cost every rank up to a hundred round trips a
-    second (docs/placements.md)."""
+    engine ran empty or that trained every group handed to it (when the placement may have other work for
+    it) also adds world size + 1 to: the round ends once every rank has arrived, or once EMPTY_SHARE of the
+    ranks have run empty. The rank whose add ends it sets the round's `over` key. A rank past its time
+    keeps working until then: a thread of its own waits for that key on `watch` (a second client of the
+    store: one client serves one request at a time, so a wait on `store` would hold the rank's other
+    requests behind it), and between engine steps the rank reads the thread's flag. So no rank idles while
+    another finishes a long step, a long prefill or a training share, the exchange comes once all are ready
+    for it, and the store hears from each rank once or twice a round, where a look-up between engine steps
+    cost every rank up to a hundred round trips a second (docs/placements.md)."""
 
     def __init__(self, store, watch, world_size: int, step: int):
         self.store, self.watch, self.world_size, self.step = store, watch, world_size, step
@@ -643,10 +644,12 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
         engine = context.engines.get(context.role)
         report = Report(context.role, exported=exported, reloaded=len(reloaded), shifts=shifted,
                         shift_s=time.perf_counter() - start, update=update, train_s=update_s)
+        through = False  # trained every group handed to it
         if orders.train:
             start = time.perf_counter()
             report.trained = _train(context.trainer, orders, timeline, ending)
             report.train_s += time.perf_counter() - start
+            through = len(report.trained["groups"]) == len(orders.train)
         if engine is not None:
             engine.add(reloaded + orders.work)
             finished, report.engine_steps = _work(d, engine, orders, context.role, timeline, ending)
@@ -654,6 +657,8 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
             first = [seconds for _, seconds, _ in report.engine_steps[:1]]
             (resumed if any(r.generated for r in reloaded + orders.work) else plain).extend(first)
             report.generated, report.in_flight_tokens = engine.generated(), engine.in_flight_tokens()
+        elif through and orders.rounds.early:
+            ending.end_now()  # through its groups, as an engine run empty: the placement may have other work for it
         elif orders.rounds.seconds is not None:
             ending.arrive()  # nothing to step: this rank waits at the exchange
     if orders.carry:  # the next step's requests still in flight go back to rank 0, to go on in that step

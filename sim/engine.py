@@ -69,7 +69,7 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round and a step: the scheduling book's figures (shifting/book.py:
     the --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
     EMPTY_SHARE and the engine step's seconds before any is measured) and the loop's --updates, which
-    what-if runs (bench/sim_whatif.py) may change, four switches that turn its rules off, and three that add
+    what-if runs (bench/sim_whatif.py) may change, five switches that turn its rules off, and three that add
     rules it lacks:
       updates             --updates (pipeline.UPDATES): "ready", the loop's default, runs the pipeline at
                           K - 1 at --max-staleness K >= 2 (pipeline.depth), and ends a step's rounds once the
@@ -86,6 +86,9 @@ class RoundRules:
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
                           them all only where the train group changes; a shift between engine roles
                           holds the shifting slot alone, which takes work again at the next round)
+      trained_through     train slots through every group handed to them in a round that ranks run empty
+                          end early count as run empty (scheduler.py, as the loop's train ranks do; off:
+                          they wait for the round's end)
       intake              pivot's judge engines take in only as many responses as they step well
                           (book.intake, as the loop's do; off: up to their room)
       prefill_budget      at K = 0 pivot's judge engines take new work in a timed round only as far as they
@@ -111,6 +114,7 @@ class RoundRules:
     empty_share: float = book.EMPTY_SHARE
     step_on: bool = True
     shifts_stall_all: bool = False
+    trained_through: bool = True
     prefill_intake: tuple[str, ...] = ()
     intake: bool = True
     prefill_budget: bool = True
@@ -263,10 +267,11 @@ class Simulation:
         self.now, self.events, self.counter = 0.0, [], 0
         # Early training: uncontended seconds the train slots have left of the groups handed this round,
         # the cores' sharing they work under now, and the version of their scheduled end; the groups
-        # handed (group, tokens, uncontended seconds), and whether the train slots are past their time.
+        # handed (group, tokens, uncontended seconds), whether the train slots are past their time, and
+        # whether the round's end (or their time) cut their groups short.
         self.train_left, self.train_share, self.train_version = 0.0, 1.0, 0
         self.train_groups: list[tuple[int, float, float]] = []
-        self.train_arrived = True
+        self.train_arrived, self.train_cut = True, False
         # Past their time, the train slots arrive at the end of the group in progress: `train_left` then.
         self.train_arrives_at: float | None = None
         self.shifts, self.shift_seconds, self.rounds = 0, 0.0, 0
@@ -572,7 +577,7 @@ class Simulation:
         """The round is over for the train slots: they finish the group in progress; the groups after it
         are handed out again."""
         kept, end, done = self._group_in_progress()
-        self.train_groups = self.train_groups[:kept]
+        self.train_groups, self.train_cut = self.train_groups[:kept], True
         self.train_left = max(0.0, end - done)
         self.train_arrives_at = None  # the round is over: they stop at that boundary
         self._retime(None)
@@ -597,7 +602,7 @@ class Simulation:
             s.t, s.stepped, s.version, s.chunks = max(start, s.ready_at), False, s.version + 1, None
             s.halt = s.t + rnd.seconds if rnd.seconds is not None else math.inf
             s.stopped = s.arrived = s.role not in ENGINE_ROLES or not s.running
-        self.train_arrived, self.train_arrives_at = self.train_left == 0, None
+        self.train_arrived, self.train_arrives_at, self.train_cut = self.train_left == 0, None, False
         if not self.train_arrived and rnd.seconds is not None:
             self._push(start + rnd.seconds, -2, 0)  # the train slots' time
         self._retime(None)
@@ -611,7 +616,10 @@ class Simulation:
             self._wait_until(t)
             if index == -1 and version == self.train_version:  # the train slots are through their groups
                 self.train_left = 0.0
-                if self.rules.step_on and self._all_arrived():
+                if rnd.early and self.rules.trained_through and not self.train_cut:  # as run empty
+                    self.emptied += sum(s.role == Role.TRAIN for s in self.slots)
+                ends = self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
+                if ends and self.round_end == math.inf or self.rules.step_on and self._all_arrived():
                     self._end_round()
                 self._retime(None)
             elif index == -2 and self.train_left > 0:  # past their time: they arrive at the next group boundary

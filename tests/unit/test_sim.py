@@ -641,3 +641,32 @@ def test_pivot_judge_engines_take_in_no_more_than_the_intake_and_a_joining_slot_
     sim.run(1)
     assert sim.step.judged == sim.step.n
     assert seen["capped"] and seen["joined"]
+
+
+def test_train_slots_through_their_groups_end_an_early_round_as_an_engine_run_empty(cal):
+    """The loop's train ranks through every group handed to them in a timed round end it as a rank whose
+    engine runs empty does (RoundEnd.end_now), so the planner may give them other work: on 8 slots one
+    empty slot ends a round. Pivot at K = 2, the 1.5B policy and its 9B thinking judge: in the rounds whose
+    train slots got through their groups, they idle less than a fifth as long as when they wait for the
+    round's end (RoundRules.trained_through off)."""
+    paper = C.preset(cal, "paper")
+    idled = {}
+    for through in (True, False):
+        model = C.FittedGpuModel(paper, "qwen25-1b5+glm-z1-9b")
+        sim = Simulation(model, C.gpu_workload(paper, 8), 8, "pivot", max_staleness=2,
+                         config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots),
+                         rules=RoundRules(trained_through=through))
+        idled[through], round_ = [], sim._round
+
+        def traced(rnd, sim=sim, round_=round_, idle=idled[through]):
+            before, handed = sim.slot_s["train idle"], sim.train_left > 0
+            trainers = sum(s.role == "train" for s in sim.slots)
+            worked = round_(rnd)
+            if handed and rnd.early and not sim.train_cut:
+                idle.append((sim.slot_s["train idle"] - before) / trainers)
+            return worked
+
+        sim._round = traced
+        sim.run(2)
+    assert idled[True] and idled[False]
+    assert sum(idled[True]) < 0.2 * sum(idled[False])
