@@ -142,11 +142,11 @@ def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int
     would crowd in (a longer batch adds little throughput and slows every critique in it, the longest to
     the step's end) waits at rank 0 instead for the ranks that join the judge (at K = 0 every rollout rank,
     as the rollout ends; at K > 0 the rollout ranks with nothing running), as serving routers balance by
-    each engine's outstanding work, not by its room. At K > 0 this took the simulator's paper preset
-    (128 H20, seeds 0-2, six timed updates) from 164.8 to 141.9 s a step for the 1.5B group's pivot@2 and
-    from 218.7 to 192.0 s for the 7B group's; it costs the work-bound groups a little at seed 0 (32B 480.9
-    -> 487.7 s, 72B 1,016.6 -> 1,058.8 s: smaller judge batches where no rank idles). A rollout engine
-    takes its room: a step's prompts are queued at its start, when no rank is about to join rollout."""
+    each engine's outstanding work, not by its room. It pays most where a step's tail is long (the
+    simulator's paper preset, its 1.5B and 7B groups) and costs the work-bound groups a little (smaller
+    judge batches where no rank idles); `bench/sim_whatif.py --cases "as calibrated,judge room"` measures
+    both. A rollout engine takes its room: a step's prompts are queued at its start, when no rank is about
+    to join rollout."""
     if role != Role.JUDGE:
         return room
     steps_well = math.ceil(knee * step_s / per_seq_s) if per_seq_s > 0 else room
@@ -160,10 +160,10 @@ def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_
     round (at `prefill_per_s`), one request at least (`within_budget`); the rest waits at rank 0, where
     the planner sees it and a rank that joins the judge takes it. None: no budget. The first judge engines
     of such a step would otherwise take in responses as they finish, up to their intake (`intake`), and
-    the ranks that join the judge as the rollout ends find the queue empty. The simulator's paper preset,
-    seed 0, pivot@0 over colocated@0 with and without it: 0.98x and 0.81x (1.5B group), 1.31x and 1.33x
-    (7B), 1.16x and 1.12x (32B), 1.08x and 1.10x (72B) (bench/sim_whatif.py --max-staleness 0). `roles`:
-    the engine roles that keep a budget, the judge's in the loop (the simulator's what-ifs add others)."""
+    the ranks that join the judge as the rollout ends find the queue empty. What it is worth at each of
+    the simulator's groups: `bench/sim_whatif.py --max-staleness 0 --cases "as calibrated,no prefill
+    budget"`. `roles`: the engine roles that keep a budget, the judge's in the loop (the simulator's
+    what-ifs add others)."""
     if role not in roles or not synchronous or seconds is None:
         return None
     return seconds * prefill_per_s
