@@ -589,6 +589,10 @@ class Simulation:
         overlaps = self.placement == "pivot" or self.placement == "disaggregated" and self.max_staleness > 0
         return self.update is not None and self.config is not None and self.config.early_train and overlaps
 
+    def _emptied_enough(self) -> bool:
+        """Whether enough slots have run empty (engines, or train slots through their groups) to end the round."""
+        return self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
+
     def _all_arrived(self) -> bool:
         return all(s.arrived for s in self.slots) and (self.train_left == 0 or self.train_arrived)
 
@@ -618,8 +622,7 @@ class Simulation:
                 self.train_left = 0.0
                 if rnd.early and self.rules.trained_through and not self.train_cut:  # as run empty
                     self.emptied += sum(s.role == Role.TRAIN for s in self.slots)
-                ends = self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
-                if ends and self.round_end == math.inf or self.rules.step_on and self._all_arrived():
+                if self._emptied_enough() and self.round_end == math.inf or self.rules.step_on and self._all_arrived():
                     self._end_round()
                 self._retime(None)
             elif index == -2 and self.train_left > 0:  # past their time: they arrive at the next group boundary
@@ -758,8 +761,7 @@ class Simulation:
             slot.stopped = slot.arrived = True
             if not slot.running and slot.stepped and self.round.early:
                 self.emptied += 1
-            ends = self.emptied >= book.empty_enough(len(self.slots), self.rules.empty_share)
-            if ends or self.rules.step_on and self._all_arrived():
+            if self._emptied_enough() or self.rules.step_on and self._all_arrived():
                 self._end_round()
                 return
         self._retime(slot)
