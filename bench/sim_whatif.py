@@ -46,6 +46,9 @@ CASES = {
                       "on until every slot has reached it", {}, {"step_on": False}),
     "train waits": ("train slots through their groups wait for the round's end, where the loop's end an early "
                     "round as an engine run empty does and take other work", {}, {"trained_through": False}),
+    "migrate late": ("the running sequences of a slot that leaves its role are queued at the next exchange, "
+                     "idle for a round, where the loop's go on in the round it leaves in", {},
+                     {"migrate_at_once": False}),
     "shifts stall": ("every shift holds every slot until the longest one is done, a shift between engine "
                      "roles too", {}, {"shifts_stall_all": True}),
     "light tails": ("responses and critiques with p99 at 3x the median instead of 10x (same budgets): about what "

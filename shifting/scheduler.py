@@ -7,11 +7,13 @@ back. Each rank then makes its shift, if it has one (a shift between the engine 
 change of the train group is collective), and steps the engine of its role, or trains (with the
 other train ranks) the judged groups no train rank has had, group by group, on its own and at its
 own pace, until its round ends (groups it did not reach are handed out again); then all ranks report
-to rank 0 (requests finished, turned into samples and verdicts where they finished; requests exported
-by a shift; requests in flight; the engine steps they took; their shift) and rank 0 decides the next
+to rank 0 (requests finished, turned into samples and verdicts where they finished; requests in
+flight; the engine steps they took; their shift) and rank 0 decides the next
 round. A rank told to change role first exports its in-flight requests; they go back to the head of
 their queue and resume on another rank with prompt + generated as the prompt and their sampler's
-state, so a migrated sequence comes out token for token as it would have without the move.
+state, so a migrated sequence comes out token for token as it would have without the move. They go on in
+the same round: its orders come with their work held back (`Orders.migrate`), the leaving ranks export to
+rank 0 before anything else, and rank 0 hands the round's work out with them at the head of their queues.
 With --engine-tp T rank 0 decides all this for slots of T ranks (one engine each; `_exchange`): every rank
 of a slot gets the slot's orders, and rank 0 reads its first rank's report.
 
@@ -192,7 +194,6 @@ class Report:
     role: str
     responses: list[tuple[Sample, Request]] = field(default_factory=list)  # finished, with its judge request
     verdicts: list[Verdict] = field(default_factory=list)  # critiques finished, read
-    exported: list[Request] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)  # tokens so far of each request in flight
     in_flight_tokens: int = 0  # their prompt + generated tokens
     # The round's engine steps: (sequences in the step, seconds, prompt and resumed tokens it took in).
@@ -224,6 +225,9 @@ class Orders:
     train: list[list[Sample]] = field(default_factory=list)  # judged groups to train on (every train rank the same)
     update: dict | None = None  # the train ranks, before any moves: make the update over these early sums
     publish: int | None = None  # every rank, first: the train ranks publish their update as this version
+    # Every rank, before anything else: ranks leaving an engine role with requests in flight export them to
+    # rank 0, which hands them out with the round's work (`_migrate`): they go on in this round, not the next.
+    migrate: bool = False
     rounds: Rounds = Rounds()
     done: bool = False
     carry: bool = False  # with `done`: every rank exports its engine's requests, the next step's, to rank 0
@@ -321,6 +325,7 @@ class StepQueues:
         self.bound_wait_s = self.rollout_idle_s = 0.0
         self.waiting = (False, False)  # whether the round under way waits for the bound, and has no rollout
         self.trace: list[dict] | None = [] if trace else None
+        self.deferred: tuple | None = None  # a round's orders until its migration (`migrate`)
         self.capacity: dict[str, int] = {}  # the last dispatch's: the most sequences an engine of each role took in
         self.budget: dict[str, float | None] = {}  # ... and the context tokens it took in at most (None: no limit)
         self.begun = time.perf_counter()  # the trace's rounds are timed from here
@@ -400,8 +405,8 @@ class StepQueues:
         return self.ahead
 
     def trace_round(self, reports: list[Report], orders: list["Orders"]) -> None:
-        """--trace-rounds: what rank 0 read from every rank this round (its role, the samples it finished and
-        exported, how many it has in flight, the groups it trained, whether it made the update) and what it
+        """--trace-rounds: what rank 0 read from every rank this round (its role, the samples it finished, how
+        many it has in flight, the groups it trained, whether it made the update) and what it
         ordered (the roles, the samples each rank takes, the groups handed to train, publish, update,
         done, a timed round, and its seconds), with when rank 0 ordered it (`at`, seconds into the step) and
         samples by their numbers (`number`)."""
@@ -409,7 +414,7 @@ class StepQueues:
         train = next((o.train for o in orders if o.train), [])
         self.trace.append({
             "reports": [{"role": r.role, "responses": ids(judging for _, judging in r.responses),
-                         "verdicts": ids(r.verdicts), "exported": ids(r.exported), "in_flight": r.in_flight,
+                         "verdicts": ids(r.verdicts), "in_flight": r.in_flight,
                          "trained": [self.group_number(g) for g in r.trained["groups"]] if r.trained else [],
                          "update": r.update is not None}
                         for r in reports],
@@ -437,10 +442,6 @@ class StepQueues:
                 row[0], row[1], row[2] = row[0] + 1, row[1] + seconds, row[2] + prefill
                 self.book.recent_steps.add(seconds)
         for report in reports:
-            self.migrated += len(report.exported)
-            exported = [self.number(r) for r in report.exported]
-            self.requests.update(zip(exported, report.exported))
-            self.book.requeue(exported)
             for sample, judging in report.responses:
                 i = self.number(judging)
                 queues = self._of(i)
@@ -470,6 +471,28 @@ class StepQueues:
         self.in_flight = {role: sum(r.in_flight for r in reports if r.role == role) for role in ENGINE_ROLES}
         self.waiting = (self.spill and self.book.waits_for_bound(),
                         not self.book.queue[Role.ROLLOUT] and not self.in_flight[Role.ROLLOUT])
+
+    def requeue(self, exported: list[Request]) -> None:
+        """Requests a rank's engine exported as it left its role: back to the head of their queue, in order."""
+        self.migrated += len(exported)
+        numbers = [self.number(r) for r in exported]
+        self.requests.update(zip(numbers, exported))
+        self.book.requeue(numbers)
+
+    def migrate(self, exported: list[list[Request]], intake) -> list[list[Request]]:
+        """The round's work, where ranks leaving an engine role exported requests as it began (`Orders.migrate`):
+        theirs, by rank, go back to the head of their queues first, so they go on in this round on the ranks
+        that hold their role. `deferred`: the round's orders, what each rank's engine runs, the round's
+        seconds; the orders get their work, and are traced."""
+        for requests in exported:
+            self.requeue(requests)
+        orders, in_flight, seconds = self.deferred
+        self.deferred = None
+        work = self.dispatch(orders[0].roles, intake, in_flight, seconds)
+        for o, share in zip(orders, work):
+            o.work = share
+        _traced(self, self.reports, orders)
+        return work
 
     def _judged(self, verdict: Verdict) -> None:
         i = self.number(verdict)
@@ -625,24 +648,27 @@ def generate(d, context, queues: StepQueues | None, next_roles, *, prompts: list
             raise SystemExit(orders.error)
         if orders.done:
             break
+        if orders.migrate:  # this round's work comes once the requests of ranks leaving a role are back in the queues
+            engine = context.engines.get(context.role)
+            leaving = engine is not None and orders.roles[d.slot] != context.role
+            orders.work = _migrate(d, engine.export() if leaving else [], queues, intake)
         update_s, update = 0.0, None
         if orders.update is not None:  # this rank trained the update's groups: it makes the update first
             start = time.perf_counter()
             with timeline.busy(Role.TRAIN):
                 update = context.trainer.train_step([[]], orders.update, orders.update["skipped_in_row"])
             update_s = time.perf_counter() - start
-        exported, reloaded, shifted, start = [], [], [], time.perf_counter()
+        reloaded, shifted, start = [], [], time.perf_counter()
         if orders.publish is not None:
             publish_update(context, orders.publish)
         if orders.roles != context.roles or orders.publish is not None:
-            engine = context.engines.get(context.role)
-            if engine is not None and orders.roles[d.slot] != context.role:
-                exported = engine.export()
-            elif engine is not None and context.role == Role.ROLLOUT and orders.publish is not None:
-                reloaded = engine.export()  # they go on here, under the new weights
+            # A rank leaving its role exported as the round began (`_migrate`); one staying in rollout reloads.
+            staying = orders.roles[d.slot] == context.role == Role.ROLLOUT
+            if staying and orders.publish is not None:
+                reloaded = context.engines[Role.ROLLOUT].export()  # they go on here, under the new weights
             shifted = context.apply(orders.roles, gather=False)  # records go to rank 0 in the report
         engine = context.engines.get(context.role)
-        report = Report(context.role, exported=exported, reloaded=len(reloaded), shifts=shifted,
+        report = Report(context.role, reloaded=len(reloaded), shifts=shifted,
                         shift_s=time.perf_counter() - start, update=update, train_s=update_s)
         through = False  # trained every group handed to it
         if orders.train:
@@ -776,6 +802,21 @@ def _exchange(d, report: Report, queues: StepQueues | None, next_roles, roles: l
     return mine[0]
 
 
+def _migrate(d, exported: list[Request], queues: StepQueues | None, intake) -> list[Request]:
+    """A round with `Orders.migrate`, as it begins: every rank's exported requests to rank 0, which puts them
+    back in their queues and dispatches the round's work (StepQueues.migrate); this rank's share back. A
+    slot's ranks export the same requests: its first rank's go on, and every rank of it gets the slot's work."""
+    left = [None] * d.world_size if d.rank == 0 else None
+    dist.gather_object(exported, left, dst=0, group=d.control)
+    work = [None] * d.world_size
+    if d.rank == 0:
+        shares = queues.migrate(left[::d.slot_size], intake)
+        work = [shares[rank // d.slot_size] for rank in range(d.world_size)]
+    mine = [None]
+    dist.scatter_object_list(mine, work if d.rank == 0 else None, src=0, group=d.control)
+    return mine[0]
+
+
 def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, intake,
             round_s: float) -> list[Orders]:
     error = next((r.error for r in reports if r.error), None)  # a critique under --on-parse-failure stop
@@ -795,14 +836,20 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, inta
     # A rank that changes role exports its in-flight requests before it takes new work: the engine of its
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
-    work = queues.dispatch(new, intake, in_flight, rounds.seconds)
+    # Those requests go on in this round: the round's work is dispatched once they are back in the queues.
+    migrate = any(rep.in_flight and rep.role != new[r] for r, rep in enumerate(reports))
+    work = [[] for _ in new] if migrate else queues.dispatch(new, intake, in_flight, rounds.seconds)
     train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.
     update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
         if Role.TRAIN in roles and queues.update_due() else None
-    return _traced(queues, reports, [Orders(new, work=work[r], train=train if new[r] == Role.TRAIN else [],
-                                            update=update if roles[r] == Role.TRAIN else None, publish=publish,
-                                            rounds=rounds) for r in range(len(new))])
+    orders = [Orders(new, work=work[r], train=train if new[r] == Role.TRAIN else [],
+                     update=update if roles[r] == Role.TRAIN else None, publish=publish, rounds=rounds,
+                     migrate=migrate) for r in range(len(new))]
+    if migrate:  # traced with its work (StepQueues.migrate)
+        queues.deferred = (orders, in_flight, rounds.seconds)
+        return orders
+    return _traced(queues, reports, orders)
 
 
 def _traced(queues: StepQueues, reports: list[Report], orders: list[Orders]) -> list[Orders]:

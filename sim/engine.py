@@ -69,7 +69,7 @@ class RoundRules:
     """How pivot_train.py sizes and ends a round and a step: the scheduling book's figures (shifting/book.py:
     the --round-steps default, how soon a round's end is seen, ROUND_OVER_EXCHANGE, ROUND_OVER_LONGEST,
     EMPTY_SHARE and the engine step's seconds before any is measured) and the loop's --updates, which
-    what-if runs (bench/sim_whatif.py) may change, five switches that turn its rules off, and three that add
+    what-if runs (bench/sim_whatif.py) may change, six switches that turn its rules off, and three that add
     rules it lacks:
       updates             --updates (pipeline.UPDATES): "ready", the loop's default, runs the pipeline at
                           K - 1 at --max-staleness K >= 2 (pipeline.depth), and ends a step's rounds once the
@@ -86,6 +86,10 @@ class RoundRules:
       shifts_stall_all    every shift holds every slot until the longest one is done (the loop holds
                           them all only where the train group changes; a shift between engine roles
                           holds the shifting slot alone, which takes work again at the next round)
+      migrate_at_once     the running sequences of a slot that leaves an engine role go back to rank 0 as
+                          the round begins (one more exchange, before any shift) and on in that round, on the
+                          slots of their role (scheduler.py's Orders.migrate, as the loop does; off: they
+                          are queued at the next exchange)
       trained_through     train slots through every group handed to them in a round that ranks run empty
                           end early count as run empty (scheduler.py, as the loop's train ranks do; off:
                           they wait for the round's end)
@@ -114,6 +118,7 @@ class RoundRules:
     empty_share: float = book.EMPTY_SHARE
     step_on: bool = True
     shifts_stall_all: bool = False
+    migrate_at_once: bool = True
     trained_through: bool = True
     prefill_intake: tuple[str, ...] = ()
     intake: bool = True
@@ -139,7 +144,7 @@ class Slot:
     role: str
     running: list[int] = field(default_factory=list)  # samples in its engine
     finished: list[int] = field(default_factory=list)  # finished this round: rank 0 hears at its end
-    exported: list[int] = field(default_factory=list)  # handed back by a shift: queued at the next exchange
+    exported: list[int] = field(default_factory=list)  # handed back by a shift: queued as it ends (migrate_at_once)
     t: float = 0.0  # the end of its engine's last whole step
     step_s: float = 0.0  # seconds per engine step until its batch or the cores' sharing changes
     prefill_s: float = 0.0  # prefill its engine has still to do before it decodes again (uncontended seconds)
@@ -411,7 +416,12 @@ class Simulation:
             if self._update_due():
                 self.made = True
             roles, rnd = self._orders()
+            self._migrate(roles)
             self._apply(roles, grads=self._grads())
+            if self.rules.migrate_at_once:
+                for slot in self.slots:
+                    self.step.requeue(slot.exported)
+                    slot.exported = []
             self._dispatch(rnd)
             self._hand_to_train()
             if self._round(rnd):
@@ -652,6 +662,13 @@ class Simulation:
             self.step.exchange_s = end - self.now
         self._account(end, state="exchange")
         self.now = end
+
+    def _migrate(self, roles: list[str]) -> None:
+        """Where a slot leaves an engine role with sequences running, every slot sends rank 0 what it exports
+        and waits for the round's work (the loop's _migrate), once more the cost of an exchange."""
+        if self.rules.migrate_at_once and any(s.role in ENGINE_ROLES and s.running and s.role != role
+                                              for s, role in zip(self.slots, roles)):
+            self._exchange()
 
     def _ingest(self) -> None:
         """Rank 0 reads the reports, in slot order (book.Book.ingest, as StepQueues.ingest)."""
@@ -920,7 +937,7 @@ class Simulation:
 
     def _shift(self, slot: Slot, role: str, train_slots: int, grads: bool) -> None:
         """Moves a slot to `role`: its engine exports its running sequences, which rank 0 queues again
-        at the next exchange (pivot_train.py reports them with the round's work)."""
+        (RoundRules.migrate_at_once)."""
         if slot.role == role:
             return
         if slot.role in ENGINE_ROLES:

@@ -167,8 +167,8 @@ def test_the_loop_and_the_simulator_keep_one_book():
     keys = [r.key for r in queues.queued("rollout")]
     running = queues.dispatch(["rollout", "rollout"], Room(2), [0, 0])  # four of six go to two engines
     assert step.dispatch("rollout", [0, 0], 2) == [[queues.number(r) for r in work] for work in running]
-    queues.ingest([Report("rollout", exported=[running[1][0], running[0][0], running[1][1]])], 0.0)
-    step.ingest([], [2, 0, 3], step.drawn_tokens)
+    queues.requeue([running[1][0], running[0][0], running[1][1]])
+    step.requeue([2, 0, 3])
     assert [r.key for r in queues.queued("rollout")] == [keys[i] for i in step.queue["rollout"]] \
         == [keys[i] for i in (2, 0, 3, 4, 5)]
 
