@@ -21,12 +21,7 @@ GIB = 1 << 30
 # What an engine takes on the device beyond its weights and KV cache (its profile run's activations,
 # CUDA graphs, sampler buffers): the margin of its start-up memory check (`--engine-overhead-mb`).
 ENGINE_OVERHEAD_MB = 1024
-# The most tokens an engine step takes in on CPU (or the longest prompt, if more): whole prompts only (no
-# chunked prefill, below), and a round that has ended waits for every rank's step in progress (RoundEnd),
-# so a step that prefills many prompts holds up the ranks beside it. vLLM's own 4,096 kept a rank of the
-# built-in task's pivot runs waiting 0.10-0.20 s in most steps for the other's judge prefill
-# (docs/placements.md).
-CPU_STEP_TOKENS = 1024
+CPU_STEP_TOKENS = 4096  # vLLM-CPU's own budget of tokens per engine step (its LLM-class default)
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "pivotrl-"  # the CPU build's shared-memory segments of this project's engines: SHM_PREFIX<launch>-...
 
