@@ -144,7 +144,7 @@ class Slot:
     role: str
     running: list[int] = field(default_factory=list)  # samples in its engine
     finished: list[int] = field(default_factory=list)  # finished this round: rank 0 hears at its end
-    exported: list[int] = field(default_factory=list)  # handed back by a shift: queued as it ends (migrate_at_once)
+    exported: list[int] = field(default_factory=list)  # handed back by a shift: queued at once (migrate_at_once)
     t: float = 0.0  # the end of its engine's last whole step
     step_s: float = 0.0  # seconds per engine step until its batch or the cores' sharing changes
     prefill_s: float = 0.0  # prefill its engine has still to do before it decodes again (uncontended seconds)
