@@ -114,6 +114,12 @@ def empty_enough(ranks: int, share: float = EMPTY_SHARE) -> int:
     return max(1, math.ceil(ranks * share))
 
 
+def migrates(roles: list[str], in_flight: list[int], new: list[str]) -> bool:
+    """Whether a round begins with a migration: some rank leaves its role (`roles` to `new`) with requests in
+    flight (`in_flight`), which go back to rank 0 and on, in that round, on the ranks of their role."""
+    return any(n and role != to for role, n, to in zip(roles, in_flight, new))
+
+
 def shares(queued: int, in_flight: list[int], capacity: int) -> list[int]:
     """How many of `queued` requests each engine of one role takes, given the requests each already runs:
     one at a time to the engine running fewest (the lowest rank among equals), never above `capacity`.

@@ -837,7 +837,7 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, inta
     # new role holds none (it exported them when it last left that role).
     in_flight = [rep.in_flight if rep.role == new[r] else 0 for r, rep in enumerate(reports)]
     # Those requests go on in this round: the round's work is dispatched once they are back in the queues.
-    migrate = any(rep.in_flight and rep.role != new[r] for r, rep in enumerate(reports))
+    migrate = book.migrates([rep.role for rep in reports], [rep.in_flight for rep in reports], new)
     work = [[] for _ in new] if migrate else queues.dispatch(new, intake, in_flight, rounds.seconds)
     train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
     # The ranks that trained the update's groups make it at the round's start, before any of them moves.

@@ -666,8 +666,8 @@ class Simulation:
     def _migrate(self, roles: list[str]) -> None:
         """Where a slot leaves an engine role with sequences running, every slot sends rank 0 what it exports
         and waits for the round's work (the loop's _migrate), once more the cost of an exchange."""
-        if self.rules.migrate_at_once and any(s.role in ENGINE_ROLES and s.running and s.role != role
-                                              for s, role in zip(self.slots, roles)):
+        if self.rules.migrate_at_once and book.migrates([s.role for s in self.slots],
+                                                        [len(s.running) for s in self.slots], roles):
             self._exchange()
 
     def _ingest(self) -> None:

@@ -8,9 +8,9 @@ import pytest
 
 from algorithm import Algorithm
 import planner
-from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, prefill_budget,
-                           publish_due, rank_roles, requeue, round_seconds, shares, slot_ranks, slot_shape, update_due,
-                           update_roles, within_budget)
+from shifting.book import (Book, RecentSteps, ahead_step, colocated_role, empty_enough, intake, migrates,
+                           prefill_budget, publish_due, rank_roles, requeue, round_seconds, shares, slot_ranks,
+                           slot_shape, update_due, update_roles, within_budget)
 from shifting.scheduler import Report, Room, SamplingOptions, StepQueues, colocated_roles
 from sim import calibration as C
 from sim.engine import Simulation, Step
@@ -257,3 +257,9 @@ def test_the_simulator_lays_out_its_slots_by_the_book(book_calls):
     model = C.GpuModel(C.load(), "moe-235b-a22b-32b")  # a policy engine of 8 GPUs, judge engines of 1
     assert (model.slot_gpus, model.instances) == (8, {"rollout": 1, "judge": 8})
     assert [(module, answer) for module, _, _, answer in asked] == [("sim.calibration", (8, {"rollout": 1, "judge": 8}))]
+
+
+def test_a_round_migrates_where_a_rank_leaves_its_role_with_requests_in_flight():
+    assert migrates(["rollout", "rollout"], [3, 2], ["rollout", "judge"])
+    assert not migrates(["rollout", "rollout"], [3, 0], ["rollout", "judge"])  # it left with none
+    assert not migrates(["rollout", "judge"], [3, 2], ["rollout", "judge"])  # no rank moves
