@@ -424,6 +424,16 @@ class LengthEstimate:
         return float(self.lengths.mean()) if len(self.lengths) else float(self.budget)
 
 
+def first_empty_seconds(speed: EngineSpeed, running: list[list[int]], lengths: LengthEstimate, ranks: int) -> float | None:
+    """Seconds until enough engines run empty to end a round early (book.empty_enough of `ranks`), of those
+    that get no more work and run `running` (each one's list of its sequences' tokens generated so far),
+    each as engine_seconds has it with what `lengths` expects them to have left; None where too few run."""
+    ends = sorted(engine_seconds(speed, 1, len(g), float(rest.sum()), float(rest.max()), 0.0)
+                  for g in running if g for rest in [lengths.remaining(g)])
+    enough = book.empty_enough(ranks)
+    return ends[enough - 1] if len(ends) >= enough else None
+
+
 def parse_split(text: str, world_size: int, slot_size: int = 1) -> list[str]:
     """--split rollout=2,judge=1,train=1 -> each slot's role, in blocks (rollout slots first), for a world of
     `world_size` slots of `slot_size` ranks (--engine-tp; 1: a slot is a rank)."""
@@ -465,7 +475,7 @@ class LoopPlanner:
     prompt_ids, generated, max_tokens), `prompts`, `update_book.train_work()` (the update's tokens left:
     shifting/book.py Book), `train_pool` (None unless the update trains an earlier step's samples), `early_train`
     (whether its rounds hand judged groups to train ranks), `round_s` (the last
-    round's seconds) and `reports`, the last
+    round's seconds), `timed_round()` (the next round's, whose intake the planner weighs) and `reports`, the last
     round's Report of every rank, in rank order, of which it reads `generated` (tokens each in-flight
     request has generated), `in_flight_tokens` (prompt + generated tokens of those requests),
     `engine_steps` (the round's engine steps as (sequences, seconds, prefill tokens)) and `train_s` (its
@@ -520,7 +530,8 @@ class LoopPlanner:
         ranks = [Rank(role, rep.in_flight_tokens, since) for role, rep, since in zip(roles, reports, self.since)]
         seqs = {role: len(queues.queued(role)) + sum(len(rep.generated) for rep in reports if rep.role == role)
                 for role in self.fits}
-        moves = plan(ranks, self.work(queues), self.measured_speeds(seqs, len(roles)), self.costs, self.config)
+        speeds = self.measured_speeds(seqs, len(roles), queues.timed_round().seconds)
+        moves = plan(ranks, self.work(queues), speeds, self.costs, self.config)
         for move in moves:
             self.since[move.rank] = 0.0
         return apply_moves(roles, moves)
@@ -553,22 +564,29 @@ class LoopPlanner:
         tokens, seconds = self.prefill[role]
         return tokens / seconds if seconds > 0 else getattr(self.speeds, role).prefill_per_s
 
-    def capacity(self, role: str, seqs: int, ranks: int) -> int:
-        """The most sequences one engine of `role` takes in (book.intake), from the fit of its steps, given
-        the role's `seqs` queued and running over `ranks` ranks."""
-        return self._intake(role, seqs, ranks, *self.fits[role].fit())
+    def capacity(self, role: str, seqs: int, ranks: int, round_s: float | None) -> int:
+        """The most sequences one engine of `role` takes in for a round of `round_s` seconds (book.intake),
+        from the fit of its steps and the critiques' mean length, given the role's `seqs` queued and running
+        over `ranks` ranks."""
+        return self._intake(role, seqs, ranks, round_s, *self.fits[role].fit())
 
-    def _intake(self, role: str, seqs: int, ranks: int, step_s: float, per_seq_s: float) -> int:
-        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks)
+    def _intake(self, role: str, seqs: int, ranks: int, round_s: float | None, step_s: float, per_seq_s: float) -> int:
+        return book.intake(role, step_s, per_seq_s, getattr(self.speeds, role).max_seqs, seqs, ranks, round_s,
+                           self.critiques.mean())
 
-    def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1) -> Speeds:
+    def first_empty(self, running: list[list[int]], ranks: int) -> float | None:
+        """first_empty_seconds of rollout engines running `running`, at the fit of their steps."""
+        return first_empty_seconds(self.measured_speeds().rollout, running, self.lengths, ranks)
+
+    def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1,
+                        round_s: float | None = None) -> Speeds:
         """The engines' fitted speeds and measured prefill speeds (`prefill_per_s`); given each role's `seqs`
-        queued and running over `ranks` ranks, an engine's room is what it takes in (`capacity`), as the
-        planner then weighs the roles."""
+        queued and running over `ranks` ranks, an engine's room is what it takes in for the next round, of
+        `round_s` seconds (`capacity`), as the planner then weighs the roles."""
         engines = {}
         for role, fit in self.fits.items():
             prior, (step_s, per_seq_s) = getattr(self.speeds, role), fit.fit()
-            room = prior.max_seqs if seqs is None else self._intake(role, seqs[role], ranks, step_s, per_seq_s)
+            room = prior.max_seqs if seqs is None else self._intake(role, seqs[role], ranks, round_s, step_s, per_seq_s)
             engines[role] = replace(prior, step_s=step_s, per_seq_s=per_seq_s, max_seqs=room,
                                     prefill_per_s=self.prefill_per_s(role))
         return replace(self.speeds, train_per_s=self.train.per_s, beside_train=self.beside_train, **engines)

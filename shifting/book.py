@@ -140,27 +140,35 @@ def shares(queued: int, in_flight: list[int], capacity: int) -> list[int]:
 
 
 def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int, ranks: int,
-           knee: float = INTAKE_KNEE) -> int:
+           round_s: float | None = None, critique_tokens: float = 0.0, knee: float = INTAKE_KNEE) -> int:
     """The most sequences one of pivot's engines takes in. A judge engine takes as many as keep its engine
     step within (1 + `knee`) times its fixed part (an engine step is `step_s` + `per_seq_s` x its
-    sequences, the planner's fit), but never fewer than its even share of the judge's `role_seqs` (queued
-    and running) over all `ranks`, nor more than its `room` (--max-seqs). What the first judge engines
-    would crowd in (a longer batch adds little throughput and slows every critique in it, the longest to
-    the step's end) waits at rank 0 instead for the ranks that join the judge (at K = 0 every rollout rank,
-    as the rollout ends; at K > 0 the rollout ranks with nothing running), as serving routers balance by
-    each engine's outstanding work, not by its room. It pays most where a step's tail is long (the
-    simulator's paper preset, its 1.5B and 7B groups) and costs the work-bound groups a little (smaller
-    judge batches where no rank idles); `bench/sim_whatif.py --cases "as calibrated,judge room"` measures
-    both. A rollout engine takes its room: a step's prompts are queued at its start, when no rank is about
-    to join rollout."""
+    sequences, the planner's fit), or as many as it writes whole within a round of `round_s` seconds (each
+    a critique of `critique_tokens`, the mean), whichever is more, but never fewer than its even share of
+    the judge's `role_seqs` (queued and running) over all `ranks`, nor more than its `room` (--max-seqs).
+    What the first judge engines would crowd in (a longer batch adds little throughput and slows every
+    critique in it, the longest to the step's end) waits at rank 0 instead for the ranks that join the
+    judge (at K = 0 every rollout rank, as the rollout ends; at K > 0 the rollout ranks with nothing
+    running), as serving routers balance by each engine's outstanding work, not by its room. It pays most
+    where a step's tail is long (the simulator's paper preset, its 1.5B and 7B groups) and costs the
+    work-bound groups a little (smaller judge batches where no rank idles); `bench/sim_whatif.py --cases
+    "as calibrated,judge room"` measures both. Where critiques are short beside a round (this machine's
+    tasks: 17 tokens, a round some 60 engine steps) an engine at the knee batch would write its critiques
+    early in the round and step a few long ones to its end while the rest wait at rank 0 (the CPU
+    simulation of bench/results/placements-longtail.json: the first judge rank's decode at 1,520 tokens/s,
+    colocated's at 2,270-2,660): what it finishes within the round it takes. A rollout engine takes its
+    room: a step's prompts are queued at its start, when no rank is about to join rollout."""
     if role != Role.JUDGE:
         return room
-    steps_well = math.ceil(knee * step_s / per_seq_s) if per_seq_s > 0 else room
-    return max(1, min(room, max(steps_well, math.ceil(role_seqs / ranks))))
+    if per_seq_s <= 0:
+        return room
+    steps_well = math.ceil(knee * step_s / per_seq_s)
+    within = math.floor((round_s / critique_tokens - step_s) / per_seq_s) if round_s and critique_tokens > 0 else 0
+    return max(1, min(room, max(steps_well, within, math.ceil(role_seqs / ranks))))
 
 
 def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_per_s: float,
-                   roles: tuple[str, ...] = (Role.JUDGE,)) -> float | None:
+                   roles: tuple[str, ...] = (Role.JUDGE,), until_empty_s: float | None = None) -> float | None:
     """The context tokens of new work one of pivot's engines takes in at a round's start: in a timed round
     (`seconds`) of a `synchronous` run (--max-staleness 0) a judge engine takes only what it prefills in the
     round (at `prefill_per_s`), one request at least (`within_budget`); the rest waits at rank 0, where
@@ -169,10 +177,15 @@ def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_
     the ranks that join the judge as the rollout ends find the queue empty. What it is worth at each of
     the simulator's groups: `bench/sim_whatif.py --max-staleness 0 --cases "as calibrated,no prefill
     budget"`. `roles`: the engine roles that keep a budget, the judge's in the loop (the simulator's
-    what-ifs add others)."""
+    what-ifs add others). Where the rollout engines are expected to run empty sooner, enough of them to end
+    the round early (`until_empty_s`: planner.first_empty_seconds), only what it prefills by then: an engine
+    step is not cut, so a judge prefill still running when the round ends holds every rank, and the rollout
+    ranks that ran empty join the judge only after it (the CPU simulation of bench/results/placements-task.json,
+    pivot@0: a rank that joined the judge as the other wrote its last 2 responses prefilled 63 judge prompts
+    while that one, empty, waited 0.13 s)."""
     if role not in roles or not synchronous or seconds is None:
         return None
-    return seconds * prefill_per_s
+    return (seconds if until_empty_s is None else min(seconds, until_empty_s)) * prefill_per_s
 
 
 def within_budget(contexts: list[float], budget: float | None) -> int:

@@ -492,7 +492,7 @@ class Simulation:
             role, is_timed = step.colocated(self.slots[0].role, in_flight)
             return [role] * len(roles), timed if is_timed else Round(None, early=False)
         if self.placement == "pivot":
-            return planner.apply_moves(roles, self._plan()), timed
+            return planner.apply_moves(roles, self._plan(timed.seconds)), timed
         return roles, timed
 
     def _apply(self, roles: list[str], grads: bool) -> None:
@@ -518,36 +518,42 @@ class Simulation:
         first step takes its new requests in."""
         for role in ENGINE_ROLES:
             held = [s for s in self.slots if s.role == role]
-            takes = self.step.dispatch(role, [len(s.running) for s in held], self._capacity(role),
+            takes = self.step.dispatch(role, [len(s.running) for s in held], self._capacity(role, rnd.seconds),
                                        self._budget(role, rnd), lambda i: self._context(role, [i]))
             for slot, new in zip(held, takes):
                 slot.running += new
                 # A resumed sequence prefills what it had generated too.
                 slot.prefill_s += self._context(role, new) / self.model.prefill_per_s[role]
 
-    def _capacity(self, role: str) -> int:
-        """The most sequences an engine of `role` takes in (Placement.capacity in pivot_train.py): pivot's
-        intake (book.intake: a judge engine's holds back what it would crowd in) from rank 0's fit of the
-        role's engine steps, given its sequences queued and running; the others', and pivot's without
-        `RoundRules.intake`, the engine's room."""
+    def _capacity(self, role: str, seconds: float | None) -> int:
+        """The most sequences an engine of `role` takes in for a round of `seconds` (Placement.capacity in
+        shifting/placement.py): pivot's intake (book.intake: a judge engine's holds back what it would crowd
+        in) from rank 0's fit of the role's engine steps and the critiques' mean length, given its sequences
+        queued and running; the others', and pivot's without `RoundRules.intake`, the engine's room."""
         room = self.model.max_seqs[role]
         if not self.rules.intake or self.placement != "pivot":
             return room
         step_s, per_seq_s = self.fits[role].fit()
         seqs = len(self.step.queue[role]) + sum(len(s.running) for s in self.slots if s.role == role)
-        return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots))
+        return book.intake(role, step_s, per_seq_s, room, seqs, len(self.slots), seconds, self.critiques.mean())
 
     def _budget(self, role: str, rnd: Round) -> float | None:
         """The context tokens of new work one of the role's engines takes in this round (book.prefill_budget,
         as Placement.budget in pivot_train.py; the planner's prefill speed is the model's): at K = 0 pivot's
-        judge engines what they prefill in a timed round; under RoundRules.prefill_intake, its roles' at
-        any K; none without RoundRules.prefill_budget, and for the other placements."""
+        judge engines what they prefill in a timed round, or before the rollout slots that get no more work
+        are expected to run empty (planner.first_empty_seconds at rank 0's fit of their steps); under
+        RoundRules.prefill_intake, its roles' at any K; none without RoundRules.prefill_budget, and for the
+        other placements."""
         if self.placement != "pivot" or rnd.seconds is None:
             return None
         speed = self.speeds.rollout if role == Role.ROLLOUT else self.speeds.judge
         synchronous = role in self.rules.prefill_intake or self.rules.prefill_budget and self.max_staleness == 0
+        running = [] if self.step.queue[Role.ROLLOUT] else [
+            self.step.gen[s.running].tolist() for s in self.slots if s.role == Role.ROLLOUT and s.running]
+        fitted = replace(self.speeds.rollout, **dict(zip(("step_s", "per_seq_s"), self.fits[Role.ROLLOUT].fit())))
+        until_empty = planner.first_empty_seconds(fitted, running, self.lengths, len(self.slots)) if running else None
         return book.prefill_budget(role, synchronous, rnd.seconds, speed.prefill_per_s,
-                                   roles=(Role.JUDGE, *self.rules.prefill_intake))
+                                   roles=(Role.JUDGE, *self.rules.prefill_intake), until_empty_s=until_empty)
 
     def _hand_to_train(self) -> None:
         """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot
@@ -924,11 +930,12 @@ class Simulation:
 
     # -- shifts -------------------------------------------------------------------------------------
 
-    def _plan(self) -> list[planner.Move]:
+    def _plan(self, seconds: float) -> list[planner.Move]:
+        """Pivot's moves before a round of `seconds`."""
         for s in self.slots:
             if s.role in ENGINE_ROLES and s.running and s.step_s:
                 self.fits[s.role].observe(len(s.running), s.step_s)
-        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), max_seqs=self._capacity(role),
+        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), max_seqs=self._capacity(role, seconds),
                                                         **dict(zip(("step_s", "per_seq_s"), fit.fit())))
                                          for role, fit in self.fits.items()})
         ranks = [planner.Rank(s.role, int(self._context(s.role, s.running)) if s.role in ENGINE_ROLES else 0,

@@ -94,11 +94,11 @@ class Replay(Simulation):
         """The round of the step whose record comes next, counted from 0 as the loop's trace holds them."""
         return f"round {self.count - len(self.recorded)}"
 
-    def _capacity(self, role: str) -> int:
+    def _capacity(self, role: str, seconds: float | None) -> int:
         """Pivot's intake as the loop's rank 0 took it (from its planner's fits, which the times give; a
         recording that keeps none took each engine's room); the others' the simulator's own."""
         if self.placement != "pivot":
-            return super()._capacity(role)
+            return super()._capacity(role, seconds)
         recorded = self.recorded[0].get("capacity") if self.recorded else None
         return recorded[role] if recorded else self.model.max_seqs[role]
 

@@ -40,6 +40,16 @@ def test_a_judge_engine_takes_in_what_it_steps_well_or_its_even_share():
     assert intake("rollout", 0.006, 0.0002, 128, 1000, 128) == 128
 
 
+def test_a_judge_engine_takes_in_what_it_finishes_within_the_round():
+    # Critiques of 10 tokens in a round of 0.5 s: 0.05 s a critique's worth of steps, 0.044 s of it
+    # beyond the fixed part, 220 sequences at 0.0002 s each: more than the knee's 30, up to the room.
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, 0.5, 10.0) == 128
+    assert intake("judge", 0.006, 0.0002, 256, 1000, 128, 0.5, 10.0) == 220
+    # Critiques as long as the round or longer: the knee's batch, as with an untimed round.
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, 0.5, 100.0) == 30
+    assert intake("judge", 0.006, 0.0002, 128, 1000, 128, None, 10.0) == 30
+
+
 def test_work_beyond_the_intake_waits_for_a_rank_that_joins():
     book = Book(200, 4)
     book.queue["judge"].extend(book.queue["rollout"])
@@ -58,6 +68,10 @@ def test_a_judge_engine_at_k0_takes_in_what_it_prefills_in_a_timed_round_and_the
     assert prefill_budget("judge", False, 0.5, 1000.0) is None  # K > 0
     assert prefill_budget("rollout", True, 0.5, 1000.0) is None
     assert prefill_budget("rollout", True, 0.5, 1000.0, roles=("rollout", "judge")) == 500.0  # a what-if's roles
+    # Rollout engines expected to run empty in 0.1 s end the round then: what it prefills by then.
+    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=0.1) == 100.0
+    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=2.0) == 500.0
+    assert prefill_budget("judge", False, 0.5, 1000.0, until_empty_s=0.1) is None
     assert within_budget([200.0, 200.0, 200.0], 500.0) == 2
     assert within_budget([900.0, 10.0], 500.0) == 1  # the first whatever its size
     assert within_budget([], 500.0) == 0 and within_budget([900.0, 10.0], None) == 2

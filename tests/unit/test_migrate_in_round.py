@@ -57,7 +57,7 @@ def test_the_simulator_runs_a_leaving_slots_sequences_in_the_round_it_leaves(mon
 
         def round_(self, rnd):
             running = {i for s in self.slots for i in s.running}
-            full = {role: all(len(s.running) >= self._capacity(role) for s in self.slots if s.role == role)
+            full = {role: all(len(s.running) >= self._capacity(role, rnd.seconds) for s in self.slots if s.role == role)
                     for role in ("rollout", "judge")}
             seen.extend((i in running, full[role]) for i, role in exported)
             exported.clear()

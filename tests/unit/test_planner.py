@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner import (ROLES, EngineSpeed, LengthEstimate, LinearFit, LoopPlanner, Move, PlannerConfig, Rank,
-                     Speeds, Work, apply_moves, finish_seconds, parse_split, plan, update_seconds)
+                     Speeds, Work, apply_moves, finish_seconds, first_empty_seconds, parse_split, plan,
+                     update_seconds)
 
 SPEEDS = Speeds(rollout=EngineSpeed(step_s=0.02, per_seq_s=2e-4, prefill_per_s=2e4, max_seqs=64),
                 judge=EngineSpeed(step_s=0.05, per_seq_s=4e-4, prefill_per_s=1e4, max_seqs=64),
@@ -335,6 +336,7 @@ def test_loop_adapter_reads_step_queues():
         prompts=[{"prompt_ids": [0] * 10}] * 2, update_book=SimpleNamespace(train_work=lambda: (0, 0, 1)),
         train_pool=None, spill=False, early_train=True,
         queued={"rollout": [], "judge": [request(50)] * 400}.__getitem__, round_s=0.05,
+        timed_round=lambda: SimpleNamespace(seconds=0.05),
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
                  report("judge", [5, 9], 0.05)])
     adapter = LoopPlanner(SPEEDS, costs(0.01), LengthEstimate([20, 40, 64], 64), LengthEstimate([30], 96))
@@ -380,6 +382,7 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
         prompts=[{"prompt_ids": [0] * 10}] * 4, update_book=SimpleNamespace(train_work=lambda: (4000, 8000, 0)),
         train_pool=None, spill=False,
         queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, early_train=True,
+        timed_round=lambda: SimpleNamespace(seconds=0.05),
         reports=[report("judge", [5] * 60), report("judge", [30])])
     adapter = LoopPlanner(SPEEDS, costs(1e-4), LengthEstimate([20, 40, 64], 64), LengthEstimate([30, 90], 96),
                           PlannerConfig(early_train=True))
@@ -412,6 +415,7 @@ def adapter_round(*reports) -> SimpleNamespace:
     return SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None, spill=False,
                            update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)), early_train=True,
                            queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
+                           timed_round=lambda: SimpleNamespace(seconds=0.05),
                            reports=[SimpleNamespace(role=role, generated=[5] * 8, in_flight_tokens=80,
                                                     engine_steps=steps, train_s=train_s, responses=[])
                                     for role, steps, train_s in reports])
@@ -450,3 +454,16 @@ def test_loop_adapter_weighs_the_prefill_speed_it_measured():
     resumed = new_adapter()
     resumed.load_state(adapter.state())
     assert resumed.measured_speeds() == speeds
+
+
+def test_first_empty_is_when_enough_engines_have_run_their_sequences_out():
+    lengths = LengthEstimate([10, 20, 100], 100)  # a sequence at 15 tokens has 45 to go, one at 50 has 50
+    speed = SPEEDS.rollout
+    one = first_empty_seconds(speed, [[15]], lengths, 2)
+    assert one == pytest.approx(45 * (speed.step_s + speed.per_seq_s))
+    # Two engines, one of which must run empty to end a round of 2 ranks: the sooner.
+    assert first_empty_seconds(speed, [[50, 50, 15], [15]], lengths, 2) == pytest.approx(one)
+    # 16 ranks end a round once 2 have run empty: the later of the two.
+    assert first_empty_seconds(speed, [[50, 50, 15], [15]], lengths, 16) > one
+    assert first_empty_seconds(speed, [[15]], lengths, 16) is None  # too few engines to end it
+    assert first_empty_seconds(speed, [], lengths, 2) is None

@@ -624,7 +624,7 @@ def test_pivot_judge_engines_take_in_no_more_than_the_intake_and_a_joining_slot_
 
     def traced(rnd):
         held = [len(s.running) for s in sim.slots]
-        queued, cap, budget = len(sim.step.queue["judge"]), sim._capacity("judge"), sim._budget("judge", rnd)
+        queued, cap, budget = len(sim.step.queue["judge"]), sim._capacity("judge", rnd.seconds), sim._budget("judge", rnd)
         dispatch(rnd)
         judges = [(slot, len(slot.running) - was, was, before) for slot, was, before in zip(sim.slots, held, last)
                   if slot.role == "judge"]
