@@ -153,14 +153,13 @@ def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int
     where a step's tail is long (the simulator's paper preset, its 1.5B and 7B groups) and costs the
     work-bound groups a little (smaller judge batches where no rank idles); `bench/sim_whatif.py --cases
     "as calibrated,judge room"` measures both. Where critiques are short beside a round (this machine's
-    tasks: 17 tokens, a round some 60 engine steps) an engine at the knee batch would write its critiques
-    early in the round and step a few long ones to its end while the rest wait at rank 0 (the CPU
-    simulation of bench/results/placements-longtail.json: the first judge rank's decode at 1,520 tokens/s,
-    colocated's at 2,270-2,660): what it finishes within the round it takes. A rollout engine takes its
-    room: a step's prompts are queued at its start, when no rank is about to join rollout."""
-    if role != Role.JUDGE:
-        return room
-    if per_seq_s <= 0:
+    longtail workload: 17 tokens on average, a round some 60 engine steps) an engine at the knee batch
+    would write its critiques early in the round and step a few long ones to its end while the rest wait
+    at rank 0 (the CPU simulation of bench/results/placements-longtail.json: the first judge rank's decode
+    at 1,520 tokens/s, colocated's at 2,270-2,660): what it finishes within the round it takes. A rollout
+    engine takes its room: a step's prompts are queued at its start, when no rank is about to join
+    rollout; so does a judge engine whose fit measured no cost a sequence."""
+    if role != Role.JUDGE or per_seq_s <= 0:
         return room
     steps_well = math.ceil(knee * step_s / per_seq_s)
     within = math.floor((round_s / critique_tokens - step_s) / per_seq_s) if round_s and critique_tokens > 0 else 0
