@@ -576,7 +576,9 @@ class LoopPlanner:
 
     def first_empty(self, running: list[list[int]], ranks: int) -> float | None:
         """first_empty_seconds of rollout engines running `running`, at the fit of their steps."""
-        return first_empty_seconds(self.measured_speeds().rollout, running, self.lengths, ranks)
+        step_s, per_seq_s = self.fits[Role.ROLLOUT].fit()
+        speed = replace(self.speeds.rollout, step_s=step_s, per_seq_s=per_seq_s)
+        return first_empty_seconds(speed, running, self.lengths, ranks)
 
     def measured_speeds(self, seqs: dict[str, int] | None = None, ranks: int = 1,
                         round_s: float | None = None) -> Speeds:

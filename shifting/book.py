@@ -11,6 +11,7 @@ their drawn lengths) read their reports into it and take their orders' work and 
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -167,7 +168,8 @@ def intake(role: str, step_s: float, per_seq_s: float, room: int, role_seqs: int
 
 
 def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_per_s: float,
-                   roles: tuple[str, ...] = (Role.JUDGE,), until_empty_s: float | None = None) -> float | None:
+                   roles: tuple[str, ...] = (Role.JUDGE,),
+                   until_empty_s: Callable[[], float | None] = lambda: None) -> float | None:
     """The context tokens of new work one of pivot's engines takes in at a round's start: in a timed round
     (`seconds`) of a `synchronous` run (--max-staleness 0) a judge engine takes only what it prefills in the
     round (at `prefill_per_s`), one request at least (`within_budget`); the rest waits at rank 0, where
@@ -177,14 +179,15 @@ def prefill_budget(role: str, synchronous: bool, seconds: float | None, prefill_
     the simulator's groups: `bench/sim_whatif.py --max-staleness 0 --cases "as calibrated,no prefill
     budget"`. `roles`: the engine roles that keep a budget, the judge's in the loop (the simulator's
     what-ifs add others). Where the rollout engines are expected to run empty sooner, enough of them to end
-    the round early (`until_empty_s`: planner.first_empty_seconds), only what it prefills by then: an engine
-    step is not cut, so a judge prefill still running when the round ends holds every rank, and the rollout
-    ranks that ran empty join the judge only after it (the CPU simulation of bench/results/placements-task.json,
-    pivot@0: a rank that joined the judge as the other wrote its last 2 responses prefilled 63 judge prompts
-    while that one, empty, waited 0.13 s)."""
+    the round early (`until_empty_s()`, called only where a budget applies: planner.first_empty_seconds),
+    only what it prefills by then: an engine step is not cut, so a judge prefill still running when the
+    round ends holds every rank, and the rollout ranks that ran empty join the judge only after it (the CPU
+    simulation of bench/results/placements-task.json, pivot@0: a rank that joined the judge as the other
+    wrote its last 2 responses prefilled 63 judge prompts while that one, empty, waited 0.13 s)."""
     if role not in roles or not synchronous or seconds is None:
         return None
-    return (seconds if until_empty_s is None else min(seconds, until_empty_s)) * prefill_per_s
+    until_empty = until_empty_s()
+    return (seconds if until_empty is None else min(seconds, until_empty)) * prefill_per_s
 
 
 def within_budget(contexts: list[float], budget: float | None) -> int:

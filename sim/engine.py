@@ -548,12 +548,17 @@ class Simulation:
             return None
         speed = self.speeds.rollout if role == Role.ROLLOUT else self.speeds.judge
         synchronous = role in self.rules.prefill_intake or self.rules.prefill_budget and self.max_staleness == 0
-        running = [] if self.step.queue[Role.ROLLOUT] else [
-            self.step.gen[s.running].tolist() for s in self.slots if s.role == Role.ROLLOUT and s.running]
-        fitted = replace(self.speeds.rollout, **dict(zip(("step_s", "per_seq_s"), self.fits[Role.ROLLOUT].fit())))
-        until_empty = planner.first_empty_seconds(fitted, running, self.lengths, len(self.slots)) if running else None
         return book.prefill_budget(role, synchronous, rnd.seconds, speed.prefill_per_s,
-                                   roles=(Role.JUDGE, *self.rules.prefill_intake), until_empty_s=until_empty)
+                                   roles=(Role.JUDGE, *self.rules.prefill_intake), until_empty_s=self._until_empty)
+
+    def _until_empty(self) -> float | None:
+        """planner.first_empty_seconds of the rollout slots, at rank 0's fit of their steps, while no prompt
+        waits for rollout (as StepQueues.dispatch gives the loop's Placement.budget); None otherwise."""
+        if self.step.queue[Role.ROLLOUT]:
+            return None
+        running = [self.step.gen[s.running].tolist() for s in self.slots if s.role == Role.ROLLOUT and s.running]
+        fitted = replace(self.speeds.rollout, **dict(zip(("step_s", "per_seq_s"), self.fits[Role.ROLLOUT].fit())))
+        return planner.first_empty_seconds(fitted, running, self.lengths, len(self.slots))
 
     def _hand_to_train(self) -> None:
         """Early training (pivot_train.py: pivot with one minibatch): every judged group no train slot

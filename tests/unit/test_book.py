@@ -69,9 +69,10 @@ def test_a_judge_engine_at_k0_takes_in_what_it_prefills_in_a_timed_round_and_the
     assert prefill_budget("rollout", True, 0.5, 1000.0) is None
     assert prefill_budget("rollout", True, 0.5, 1000.0, roles=("rollout", "judge")) == 500.0  # a what-if's roles
     # Rollout engines expected to run empty in 0.1 s end the round then: what it prefills by then.
-    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=0.1) == 100.0
-    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=2.0) == 500.0
-    assert prefill_budget("judge", False, 0.5, 1000.0, until_empty_s=0.1) is None
+    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=lambda: 0.1) == 100.0
+    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=lambda: 2.0) == 500.0
+    assert prefill_budget("judge", True, 0.5, 1000.0, until_empty_s=lambda: None) == 500.0  # too few to end it
+    assert prefill_budget("judge", False, 0.5, 1000.0, until_empty_s=lambda: 0.1) is None
     assert within_budget([200.0, 200.0, 200.0], 500.0) == 2
     assert within_budget([900.0, 10.0], 500.0) == 1  # the first whatever its size
     assert within_budget([], 500.0) == 0 and within_budget([900.0, 10.0], None) == 2
