@@ -113,14 +113,13 @@ def measured(bench: dict) -> list[str]:
 def convergence(bench: dict) -> list[str]:
     """A bench/convergence.py report: held-out accuracy at each evaluated step, a row per setting (the
     median over its repeats), and each repeat's final accuracy."""
-    first = next(iter(bench["runs"].values()))["eval_accuracy"][0]
-    steps = list(first)
+    steps = list(next(iter(bench["runs"].values()))["eval_accuracy"][0])
     lines = [row(["held-out accuracy at step", *steps, "final, by repeat"]), row(["---"] * (len(steps) + 2))]
     for setting, run in bench["runs"].items():
         k, *flags = setting.split(" ", 1)
         label = k.replace("K=", "K = ") + "".join(f", `{f}`" for f in flags)
         medians = [statistics.median(r.get(s, float("nan")) for r in run["eval_accuracy"]) for s in steps]
-        finals = ", ".join(f"{r[steps[-1]]:.3f}" for r in run["eval_accuracy"])
+        finals = ", ".join(f"{r.get(steps[-1], float('nan')):.3f}" for r in run["eval_accuracy"])
         lines.append(row([label, *(f"{m:.3f}" for m in medians), finals]))
     return lines
 

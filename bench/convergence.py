@@ -34,12 +34,13 @@ def flags(setting: str) -> list[str]:
     return ["--max-staleness", head[2:], *rest]
 
 
-def run(setting: str, args, out: Path, repeat: int) -> dict[str, float]:
-    """One run of the setting: its held-out accuracy by evaluated step."""
+def run(setting: str, setting_flags: list[str], args, out: Path, repeat: int) -> dict[str, float]:
+    """One run of the setting (its pivot_train.py flags `setting_flags`): its held-out accuracy by evaluated
+    step."""
     folder = out / f"{setting.replace(' ', '_').replace('=', '')}-{repeat}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "pivot_train.py"), "--steps", str(args.steps), "--placement", args.placement,
-           "--seed", str(args.seed), "--out", str(folder), *flags(setting)]
+           "--seed", str(args.seed), "--out", str(folder), *setting_flags]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"{shlex.join(cmd)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -60,14 +61,12 @@ def main(argv=None):
     if args.repeats < 1:
         sys.exit(f"--repeats {args.repeats}: give 1 or more")
     settings = [s.strip() for s in args.settings.split(";") if s.strip()]
-    for setting in settings:
-        flags(setting)  # a malformed setting stops the bench before any run
+    runs = {setting: {"flags": flags(setting), "eval_accuracy": []} for setting in settings}  # before any run
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or tmp)
-        runs = {setting: {"flags": flags(setting), "eval_accuracy": []} for setting in settings}
         for repeat in range(args.repeats):
             for setting in settings:
-                accuracy = run(setting, args, out, repeat)
+                accuracy = run(setting, runs[setting]["flags"], args, out, repeat)
                 runs[setting]["eval_accuracy"].append(accuracy)
                 print(f"{setting:28s} #{repeat}  " + "  ".join(f"{step}: {a:.3f}" for step, a in accuracy.items()),
                       flush=True)
