@@ -603,11 +603,11 @@ def main(argv=None):
         begin, cpu = time.perf_counter(), cpu_ticks()
         samples, trained, early, generation = rollout_for_update(step, pending, roll_out, args)
         record.update(staleness_metrics(trained, step, args.max_staleness))
-        shifts = generation.pop("shifts")
+        shifts, held = generation.pop("shifts"), list(context.roles)  # the roles as the step's rounds ended
         if early["update"] is None:  # else the train ranks made it while the step rolled out
             shifts += to_train(context, placement, early)
         stats = train_step(context, trained, early, timeline, args, algo, skipped_in_row)
-        shifts += publish_and_reload(context, storage, placement, version=step + 1)
+        shifts += publish_and_reload(context, storage, placement, held, version=step + 1)
         placement.learn(samples or trained, shifts, stats)
         record.update(step_metrics(trained, stats, time.perf_counter() - begin, args))
         if args.filter_groups:
@@ -824,14 +824,14 @@ def check_skipped_updates(step: int, stats: dict, args) -> int:
     return stats["skipped_in_row"]
 
 
-def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement,
+def publish_and_reload(context: RoleContext, storage: ParameterStorage, placement: Placement, held: list[str],
                        version: int) -> list[dict]:
     """Collective: the new weights go into every node's storage (`publish_update`), unless they went there
-    during the rollout; then every rank takes its role for the next step, and the rollout engines load
-    the new version."""
+    during the rollout; then every rank takes its role for the next step (Placement.step_roles, from those
+    it `held` as the step's rounds ended), and the rollout engines load the new version."""
     if storage.version < version:  # else the train ranks published it during the rollout (StepQueues.publish)
         publish_update(context, version)
-    return context.apply(placement.start_roles())
+    return context.apply(placement.step_roles(held))
 
 
 def evaluate(d: Dist, context, engine: RolloutEngine, judge: Judge, eval_set: list[dict], args, step: int) -> dict:

@@ -67,6 +67,12 @@ class Placement:
     def start_roles(self) -> list[str]:
         return list(self.options.split) if self.options.split else [Role.ROLLOUT] * self.world_size
 
+    def step_roles(self, held: list[str]) -> list[str]:
+        """The roles the next step begins with, from those the ranks `held` as this step's rounds ended
+        (book.next_step_roles): pivot's at --max-staleness K > 0 without --force-shifts, else `start_roles`."""
+        keep = self.planner is not None and self.options.force_shifts is None and self.options.max_staleness > 0
+        return book.next_step_roles(held, self.start_roles(), keep)
+
     def train_roles(self, roles: list[str], alone: bool) -> list[str]:
         """Who makes the update after the step's rounds (book.update_roles): disaggregated's split (its train
         ranks train, the others wait); colocated and pivot on every rank, but pivot's train ranks (`roles`)

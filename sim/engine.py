@@ -691,12 +691,13 @@ class Simulation:
         """The rest of `step`'s update (book.update_roles: colocated, pivot on every slot, but pivot's train
         slots alone where that is no slower, as rank 0 finds it (Placement.update_alone, from the planner's
         training speed and shift costs); disaggregated: its train slots), publishing, the rollout engines'
-        reload."""
+        reload, and the roles the next step begins with (book.next_step_roles)."""
         everyone = self.placement != "disaggregated"
         # Made at a round's start while the step ran (book.update_due; pivot_train.py's
         # update_during_rollout), the update needs no slot to move to train. One whose last groups were
         # trained in the step's last round is made now, by the slots book.update_roles names, as the loop
         # makes it.
+        held = [s.role for s in self.slots]  # as the step's rounds ended
         if not self.made:  # disaggregated's fixed roles are its split: the rule keeps them
             roles, grads = [s.role for s in self.slots], bool(step.trained.any())
             alone = self._early_train() and self._update_alone(step, roles, grads)
@@ -710,7 +711,8 @@ class Simulation:
         self.now = end
         step.train(step.ready())
         if everyone:
-            self._apply([Role.ROLLOUT] * len(self.slots), grads=False)
+            keep = self.placement == "pivot" and self.max_staleness > 0
+            self._apply(book.next_step_roles(held, [Role.ROLLOUT] * len(self.slots), keep), grads=False)
         elif not self.published:  # a reload of the new weights, not a change of role; collective like any apply
             for slot in self.slots:
                 if slot.role == Role.ROLLOUT:

@@ -148,11 +148,11 @@ def test_the_simulator_asks_the_book_and_begins_the_steps_the_loop_would(asked, 
 def test_an_update_not_made_during_the_step_is_made_after_it_by_the_slots_that_trained_it(monkeypatch):
     """As the loop does (pivot_train.to_train, then train_step; book.update_roles): where no round's start
     made the update, because its last groups were trained in the step's last round (this run's second
-    update at seed 1), the train slots make it alone, no slot moving to train; where groups are left to
+    update at seed 31), the train slots make it alone, no slot moving to train; where groups are left to
     train (the drain's), every pivot slot moves to train for them; one made during the step needs no move."""
     cal = C.preset(C.load(), "paper")
     model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
-    sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2, seed=1,
+    sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2, seed=31,
                      config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots),
                      rules=RoundRules(updates="step"))
     moves, ends, apply, finish = [], [], sim._apply, sim._finish
@@ -194,3 +194,35 @@ def test_the_loop_and_the_simulator_choose_who_makes_the_update_by_the_book(book
     Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2, rules=RoundRules(updates="step"),
                config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)).run(2)
     assert {who for who, _, _, _ in asked} == {"shifting.placement", "sim.engine"}
+
+
+def test_pivot_at_k_above_0_begins_each_step_in_the_roles_its_rounds_ended_with(monkeypatch):
+    """book.next_step_roles, for the loop (Placement.step_roles, which pivot_train.publish_and_reload
+    applies) and the simulator's step end alike: at K > 0 pivot's train slots stay in train into the next
+    step, whose update's groups are judged and theirs at once, as do its engine slots; at K = 0, under
+    --force-shifts and for a fixed split the step begins as the run did."""
+    options = dict(placement="pivot", split=None, max_staleness=2, force_shifts=None, force_shift_rate=0.2,
+                   minibatches=1, max_seqs=8, max_response_tokens=8, max_critique_tokens=8, seed=0)
+    held = ["train", "rollout", "judge"]
+    assert Placement(PlacementOptions(**options), world_size=3).step_roles(held) == held
+    for change in ({"max_staleness": 0}, {"force_shifts": 1}):
+        assert Placement(PlacementOptions(**{**options, **change}), world_size=3).step_roles(held) == ["rollout"] * 3
+    split = PlacementOptions(**{**options, "placement": "disaggregated", "split": ("rollout", "judge", "train")})
+    assert Placement(split, world_size=3).step_roles(held) == ["rollout", "judge", "train"]
+
+    cal = C.preset(C.load(), "paper")
+    model = C.FittedGpuModel(cal, "qwen25-1b5+glm-z1-9b")
+    sim = Simulation(model, C.gpu_workload(cal, 8), 8, "pivot", max_staleness=2, seed=0,
+                     config=planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots))
+    ends, finish = [], sim._finish
+
+    def record_finish(step):
+        made, ended = sim.made, [s.role for s in sim.slots]
+        finish(step)
+        ends.append((made, ended, [s.role for s in sim.slots]))
+
+    monkeypatch.setattr(sim, "_finish", record_finish)
+    sim.run(2)
+    made = [(ended, begun) for was_made, ended, begun in ends if was_made]
+    assert made and any("train" in ended for ended, _ in made)
+    assert all(begun == ended for ended, begun in made)
