@@ -26,8 +26,9 @@ ended, before that as many as the waiting responses fill). At --max-staleness K 
 are an earlier step's, judged before the step starts, so training them is such work: the train role
 holds a rank from the step's start until they are trained, and the update made then is published during
 the step, which lets the next step's rollout fill this one's tails (shifting/book.py publish_due). Where
-the step may end with groups still out (--updates ready at K >= 2), its longest critique goes on into the
-next step, so the model weighs the judge's bulk and the update's training instead of it.
+the step may end with groups still out (--updates ready at K >= 2), its longest responses and critiques go
+on into the next step, so the model weighs the rollout's and the judge's bulk and the update's training
+instead of them.
 """
 import math
 from dataclasses import dataclass, replace
@@ -152,8 +153,9 @@ def finish_seconds(work: Work, counts: dict[str, int], speeds: Speeds, costs: di
     step may also end with groups still out (`work.spill` beside `update_early`), until the judge is
     through the bulk of its work and the train ranks through the update, whichever is later: the
     update's publish begins the next step, whose rollout fills this one's tail, and its longest critique
-    goes on into the next step (the simulator's paper preset, 1.5B group, seed 0, K = 2: weighing that
-    critique, the planner left about 100 slots idle in the judge for 175 s while 9 trained the update)."""
+    goes on into the next step, as its longest responses do (`step_work` weighs the rollout's bulk). The
+    simulator's paper preset, 1.5B group, seed 0, K = 2: weighing that critique, the planner left about
+    100 slots idle in the judge for 175 s while 9 trained the update."""
     r, g, t = counts.get(Role.ROLLOUT, 0), counts.get(Role.JUDGE, 0), counts.get(Role.TRAIN, 0) if early_train else 0
     n = sum(counts.values())
     ready_first = work.update_early and work.spill
@@ -416,8 +418,11 @@ class LengthEstimate:
         rest = np.where(longer > 0, self.suffix[i] / np.maximum(longer, 1) - g, self.budget - g)
         return float(rest) if rest.ndim == 0 else rest
 
-    def longest(self, g: float) -> float:
-        """The rest of the longest sequence still running when the least advanced has generated g."""
+    def longest(self, g: float, share: float = 1.0) -> float:
+        """The rest of the longest sequence still running when the least advanced has generated g; with
+        `share` < 1, of the one at that share of the lengths seen (none once the least advanced is past it)."""
+        if share < 1 and len(self.lengths):
+            return float(max(0.0, self.lengths[math.ceil(share * len(self.lengths)) - 1] - g))
         return float((self.lengths[-1] if len(self.lengths) and self.lengths[-1] > g else self.budget) - g)
 
     def mean(self) -> float:
@@ -609,13 +614,13 @@ class LoopPlanner:
             prompt_tokens=prompt, judge_template_tokens=self.judge_template, train_ready=ready,
             train_generated=generated, train_coming=coming, early_train=queues.early_train,
             update_early=queues.train_pool is not None, lengths=self.lengths, critiques=self.critiques,
-            spill=queues.spill)
+            spill=queues.spill, group_size=queues.group_size)
 
 
 def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float, judge_waiting: int,
               judge_prefill: float, prompt_tokens: float, judge_template_tokens: float, train_ready: float,
               train_generated: float, train_coming: int, early_train: bool, update_early: bool,
-              lengths: LengthEstimate, critiques: LengthEstimate, spill: bool) -> Work:
+              lengths: LengthEstimate, critiques: LengthEstimate, spill: bool, group_size: int) -> Work:
     """What is left of a step, as the planner weighs it, from what rank 0 knows of it (the loop's
     LoopPlanner.work and the simulator both build it here): `rolling`, the tokens generated so far by
     every response not finished (queued or running; a migrated one has some), `judging`, those of every
@@ -627,12 +632,15 @@ def step_work(*, rolling: list[int], judging: list[int], rollout_prefill: float,
     the template. Whether the step's rounds hand judged groups to train ranks at all
     (`early_train`: none are ready for them otherwise, as in a step rolled out before the first update),
     whether the update's groups are an earlier step's (`update_early`) and whether the step may end with
-    groups still out (`spill`). `lengths` and `critiques` estimate what each sequence has left."""
+    groups still out (`spill`), and then with its longest responses still rolling out: the rollout's tail
+    is the response at the share of them that leaves no more groups of `group_size` out than the step may
+    (book.bulk_share). `lengths` and `critiques` estimate what each sequence has left."""
     response = lengths.mean()
+    bulk = book.bulk_share(group_size) if spill else 1.0
     return Work(
         rollout_seqs=len(rolling),
         rollout_tokens=float(lengths.remaining(rolling).sum()) if rolling else 0.0,
-        rollout_longest=lengths.longest(min(rolling)) if rolling else 0.0,
+        rollout_longest=lengths.longest(min(rolling), bulk) if rolling else 0.0,
         rollout_prefill=float(rollout_prefill),
         judge_seqs=judge_waiting + len(judging),
         judge_tokens=(float(critiques.remaining(judging).sum()) if judging else 0.0) + judge_waiting * critiques.mean(),

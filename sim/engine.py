@@ -1002,7 +1002,7 @@ class Simulation:
             prompt_tokens=w.prompt_tokens, judge_template_tokens=w.judge_template_tokens,
             train_ready=ready, train_generated=generated, train_coming=coming, early_train=self._early_train(),
             update_early=self.update is not None and self.max_staleness > 0,
-            lengths=self.lengths, critiques=self.critiques, spill=self.ready)
+            lengths=self.lengths, critiques=self.critiques, spill=self.ready, group_size=w.group_size)
 
     def _split(self, slots: int) -> dict[str, int]:
         """Disaggregated: slots per role in proportion to each role's slot-seconds of work in a step at

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from planner import (ROLES, EngineSpeed, LengthEstimate, LinearFit, LoopPlanner, Move, PlannerConfig, Rank,
                      Speeds, Work, apply_moves, finish_seconds, first_empty_seconds, parse_split, plan,
-                     update_seconds)
+                     step_work, update_seconds)
+from shifting import book
 
 SPEEDS = Speeds(rollout=EngineSpeed(step_s=0.02, per_seq_s=2e-4, prefill_per_s=2e4, max_seqs=64),
                 judge=EngineSpeed(step_s=0.05, per_seq_s=4e-4, prefill_per_s=1e4, max_seqs=64),
@@ -196,6 +197,30 @@ def test_a_step_that_may_spill_weighs_its_update_not_its_longest_critique():
     assert plan(held, replace(work, spill=False), SPEEDS, shifts, config) == []
 
 
+def test_a_step_that_may_spill_weighs_its_rollouts_bulk_not_its_longest_responses():
+    """--updates ready at K >= 2: the step may end with its longest responses still rolling out
+    (book.bulk_share: at groups of 16, once 95.8% of the samples are generated), so the rollout's tail the
+    planner weighs is the response at that share of the lengths seen, none once every sequence still
+    rolling is past it. Twelve sequences in a long tail on six rollout ranks, with the update to train:
+    five of the six go to train and their sequences go on on the sixth, where a step-locked step, which
+    lasts until its longest response is judged, moves one."""
+    lengths = LengthEstimate([1000] * 96 + [16000] * 4, 16000)
+    assert book.bulk_share(16) == pytest.approx(0.5 ** (1 / 16)) and lengths.longest(900, book.bulk_share(16)) == 100
+    assert lengths.longest(1200, book.bulk_share(16)) == 0 and lengths.longest(900) == 15100
+
+    def work(spill: bool) -> Work:
+        return step_work(rolling=[900] * 8 + [2000] * 4, judging=[], rollout_prefill=0, judge_waiting=0,
+                         judge_prefill=0, prompt_tokens=100, judge_template_tokens=50, train_ready=4e6,
+                         train_generated=4e6, train_coming=0, early_train=True, update_early=True, lengths=lengths,
+                         critiques=LengthEstimate([300] * 100, 2000), spill=spill, group_size=16)
+
+    assert work(True).rollout_longest == 100 and work(False).rollout_longest == 15100
+    held, config = [Rank("rollout", 4000)] * 6 + [Rank("train")] * 2, PlannerConfig(early_train=True)
+    shifts = {(a, b): 1.0 for a in ROLES for b in ROLES}
+    assert [m.dst for m in plan(held, work(True), SPEEDS, shifts, config)] == ["train"] * 5
+    assert [m.dst for m in plan(held, work(False), SPEEDS, shifts, config)] == ["train"]
+
+
 def test_the_train_ranks_make_the_update_alone_where_every_rank_would_not_be_faster():
     """Once the step's rounds are over, with 8 s of training left: the two train ranks of four alone, or
     every rank (the others shifting into train while the train ranks reshard, all at once, then the
@@ -334,7 +359,7 @@ def test_loop_adapter_reads_step_queues():
     request = lambda n: SimpleNamespace(prompt_ids=[0] * n, generated=[], max_tokens=64)  # noqa: E731
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 2, update_book=SimpleNamespace(train_work=lambda: (0, 0, 1)),
-        train_pool=None, spill=False, early_train=True,
+        train_pool=None, spill=False, group_size=2, early_train=True,
         queued={"rollout": [], "judge": [request(50)] * 400}.__getitem__, round_s=0.05,
         timed_round=lambda: SimpleNamespace(seconds=0.05),
         reports=[report("rollout", [60], 0.02), report("rollout", [], 0.0), report("rollout", [], 0.0),
@@ -380,7 +405,7 @@ def test_no_rank_is_sent_to_train_in_a_step_whose_rounds_train_nothing():
                                                      responses=[])
     queues = SimpleNamespace(
         prompts=[{"prompt_ids": [0] * 10}] * 4, update_book=SimpleNamespace(train_work=lambda: (4000, 8000, 0)),
-        train_pool=None, spill=False,
+        train_pool=None, spill=False, group_size=2,
         queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05, early_train=True,
         timed_round=lambda: SimpleNamespace(seconds=0.05),
         reports=[report("judge", [5] * 60), report("judge", [30])])
@@ -412,7 +437,7 @@ def test_engines_slowed_beside_training_make_early_training_pay_less():
 def adapter_round(*reports) -> SimpleNamespace:
     """A round as the loop's planner reads it (shifting.scheduler.StepQueues): nothing queued, and each rank's
     report, given as (role, engine steps, seconds trained), of 8 sequences of 5 tokens in flight."""
-    return SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None, spill=False,
+    return SimpleNamespace(prompts=[{"prompt_ids": [0] * 10}], train_pool=None, spill=False, group_size=2,
                            update_book=SimpleNamespace(train_work=lambda: (0, 0, 0)), early_train=True,
                            queued={"rollout": [], "judge": []}.__getitem__, round_s=0.05,
                            timed_round=lambda: SimpleNamespace(seconds=0.05),
