@@ -70,8 +70,8 @@ class Placement:
     def step_roles(self, held: list[str]) -> list[str]:
         """The roles the next step begins with, from those the ranks `held` as this step's rounds ended
         (book.next_step_roles): pivot's at --max-staleness K > 0 without --force-shifts, else `start_roles`."""
-        keep = self.planner is not None and self.options.force_shifts is None and self.options.max_staleness > 0
-        return book.next_step_roles(held, self.start_roles(), keep)
+        planned = self.planner is not None and self.options.force_shifts is None
+        return book.next_step_roles(held, self.start_roles(), planned, self.options.max_staleness)
 
     def train_roles(self, roles: list[str], alone: bool) -> list[str]:
         """Who makes the update after the step's rounds (book.update_roles): disaggregated's split (its train

@@ -699,7 +699,7 @@ class Simulation:
         # makes it.
         held = [s.role for s in self.slots]  # as the step's rounds ended
         if not self.made:  # disaggregated's fixed roles are its split: the rule keeps them
-            roles, grads = [s.role for s in self.slots], bool(step.trained.any())
+            roles, grads = held, bool(step.trained.any())
             alone = self._early_train() and self._update_alone(step, roles, grads)
             self._apply(book.update_roles(roles, None if everyone else roles, alone), grads=grads)
         trainers = [s for s in self.slots if s.role == Role.TRAIN]
@@ -711,8 +711,8 @@ class Simulation:
         self.now = end
         step.train(step.ready())
         if everyone:
-            keep = self.placement == "pivot" and self.max_staleness > 0
-            self._apply(book.next_step_roles(held, [Role.ROLLOUT] * len(self.slots), keep), grads=False)
+            self._apply(book.next_step_roles(held, [Role.ROLLOUT] * len(self.slots), self.placement == "pivot",
+                                             self.max_staleness), grads=False)
         elif not self.published:  # a reload of the new weights, not a change of role; collective like any apply
             for slot in self.slots:
                 if slot.role == Role.ROLLOUT:
