@@ -8,6 +8,7 @@ with its source.
     python -m sim --preset paper [--model-group G] [--json PATH]   (the paper's 128 H20 and its four groups)
     python -m sim --calibration cpu --measured placements.json --gpus 4   (bench/placements.py's figures)
     python -m sim ... --timeline DIR   (each run's timeline.jsonl and pictures, as pivot_train.py's)
+    python -m sim ... --jobs N   (N runs at once, a process each: a group at a seed is a run)
 
 At K = 0 every placement runs synchronous steps. At K > 0 they run as the paper's release launches them
 (examples/deployment_modes/mode2_colocated.sh, mode1_disaggregated.sh, mode5_elastic_rl.sh in
@@ -23,6 +24,8 @@ import argparse
 import json
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -131,6 +134,28 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     if searched is not None:
         report["splits_simulated"] = searched
     return report
+
+
+def simulate_all(cal: dict, groups: list[str], seeds: list[int], args):
+    """Each group's report by seed (`simulate`), printed group by group in order as each is known. Every run
+    draws from its own seed alone, so `args.jobs` processes side by side give the figures one gives."""
+    def seed_args(seed: int):
+        if args.timeline and len(seeds) > 1:  # each seed's timelines apart
+            return argparse.Namespace(**{**vars(args), "timeline": str(Path(args.timeline) / f"seed{seed}")})
+        return args
+
+    runs = [(group, seed) for group in groups for seed in seeds]
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+        if pool is None:
+            reports = (simulate(cal, group, args.gpus, seed_args(seed), seed=seed) for group, seed in runs)
+        else:
+            reports = (f.result() for f in [pool.submit(simulate, cal, group, args.gpus, seed_args(seed), seed=seed)
+                                            for group, seed in runs])
+        out = {group: {} for group in groups}
+        for (group, seed), report in zip(runs, reports):
+            out[group][str(seed)] = report
+            print_group(group, report, paper=args.calibration == "h200")
+    return [out[group] for group in groups]
 
 
 def write_timeline(folder: Path, spans: list[dict], slots: int) -> None:
@@ -278,6 +303,8 @@ def main(argv=None):
     p.add_argument("--seeds", "--seed", default="0", metavar="0,1,2",
                    help="the seeds of the lengths drawn, comma-separated: each group runs at each, and the JSON "
                         "keeps each seed's figures and their mean")
+    p.add_argument("--jobs", type=int, default=1, help="simulate this many (group, seed) runs at once, each in a "
+                   "process of its own (the figures do not change)")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--timeline", metavar="DIR", help="write each run's timeline.jsonl, timeline.png and "
                    "timeline_step.png (a slot per rank, as a run of pivot_train.py draws them) under DIR/GROUP/PLACEMENT@K")
@@ -308,15 +335,10 @@ def main(argv=None):
             if group not in cal["groups"]:
                 raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(cal['groups'])} "
                                  f"or all")
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs {args.jobs}: 1 or more")
     results = {}
-    for group in groups:
-        by_seed = {}
-        for seed in seeds:
-            run_args = args
-            if args.timeline and len(seeds) > 1:  # each seed's timelines apart
-                run_args = argparse.Namespace(**{**vars(args), "timeline": str(Path(args.timeline) / f"seed{seed}")})
-            by_seed[str(seed)] = simulate(cal, group, args.gpus, run_args, seed=seed)
-            print_group(group, by_seed[str(seed)], paper=args.calibration == "h200")
+    for group, by_seed in zip(groups, simulate_all(cal, groups, seeds, args)):
         results[group] = {"mean": seed_mean(list(by_seed.values())), "seeds": by_seed}
     print_summary(results, args.max_staleness, args.updates, paper)
     report = {"gpus": args.gpus, "preset": args.preset, "calibration": args.calibration,

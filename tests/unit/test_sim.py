@@ -12,7 +12,7 @@ import planner
 from conftest import BENCH_JSON
 from roles import ENGINE_ROLES
 from sim import calibration as C
-from sim.__main__ import simulate
+from sim.__main__ import simulate, simulate_all
 from sim.engine import RoundRules, Simulation, Step
 from sim.split import best_split, node_unit
 
@@ -346,6 +346,18 @@ def test_cpu_path_runs_on_what_the_bench_writes(cal):
     # Colocated on the built-in task: a timed first round, then until every engine is empty, for rollout
     # and for the judge; the ranks' report to rank 0 as measured after each.
     assert r["placements"]["colocated@0"]["rounds"] == 2 * 4
+
+
+def test_runs_side_by_side_give_the_figures_one_process_gives(cal):
+    """`python -m sim --jobs 2`: each (group, seed) run in a process of its own gives what one process running
+    them in turn gives, seed by seed."""
+    args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), steps=2, prompts=None,
+                              gpus=json.loads(BENCH_JSON.read_text())["nproc"], preset="h200", max_staleness=2, updates="ready", search_split=False, timeline=None,
+                              jobs=1)
+    one = simulate_all(cal, ["cpu"], [0, 1], args)
+    two = simulate_all(cal, ["cpu"], [0, 1], argparse.Namespace(**{**vars(args), "jobs": 2}))
+    assert one == two and list(one[0]) == ["0", "1"]
+    assert one[0]["0"]["placements"]["pivot@2"]["step_s"] != one[0]["1"]["placements"]["pivot@2"]["step_s"]
 
 
 @pytest.mark.parametrize("placement, staleness", [("colocated", 0), ("pivot", 0), ("pivot", 2), ("disaggregated", 2)])
