@@ -232,11 +232,12 @@ def update_roles(roles: list[str], split: list[str] | None, alone: bool) -> list
 def next_step_roles(held: list[str], start: list[str], planned: bool, max_staleness: int) -> list[str]:
     """The roles the next step begins with, once the update is published: `start` (colocated's and pivot's
     every rank in rollout, a fixed split's own), but where the planner places the ranks (`planned`: pivot,
-    not --force-shifts) at --max-staleness K > 0 those its ranks `held` as the step's rounds ended. There the next update's groups are judged as the step begins,
-    so its train ranks have work at once; sending them to rollout would cost each two shifts and every
-    rank a reshard of the training state as the planner moved them back (the simulator's H200 preset,
-    dense-32b group, K = 2, seed 0: begun in rollout, each step's first round moved 69 to 93 of the 128
-    slots out of it again, most of them to train)."""
+    not --force-shifts) at --max-staleness K > 0 those its ranks `held` as the step's rounds ended. There
+    the next update's groups are judged as the step begins, so its train ranks have work at once; sending
+    them to rollout would cost each two shifts and every rank a reshard of the training state as the
+    planner moved them back (the simulator's H200 preset, dense-32b group, K = 2, seed 0: begun in
+    rollout, each step's first round moved 69 to 93 of the 128 slots out of it again, most of them to
+    train)."""
     return list(held) if planned and max_staleness > 0 else list(start)
 
 

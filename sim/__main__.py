@@ -145,12 +145,11 @@ def simulate_all(cal: dict, groups: list[str], seeds: list[int], args):
         return args
 
     runs = [(group, seed) for group in groups for seed in seeds]
+    run_groups, run_seeds, n = [g for g, _ in runs], [s for _, s in runs], len(runs)
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
-        if pool is None:
-            reports = (simulate(cal, group, args.gpus, seed_args(seed), seed=seed) for group, seed in runs)
-        else:
-            reports = (f.result() for f in [pool.submit(simulate, cal, group, args.gpus, seed_args(seed), seed=seed)
-                                            for group, seed in runs])
+        # simulate(cal, group, gpus, args, changes, seed) for each run, its reports in the runs' order either way
+        reports = (pool.map if pool else map)(simulate, [cal] * n, run_groups, [args.gpus] * n,
+                                              map(seed_args, run_seeds), [None] * n, run_seeds)
         out = {group: {} for group in groups}
         for (group, seed), report in zip(runs, reports):
             out[group][str(seed)] = report

@@ -352,8 +352,8 @@ def test_runs_side_by_side_give_the_figures_one_process_gives(cal):
     """`python -m sim --jobs 2`: each (group, seed) run in a process of its own gives what one process running
     them in turn gives, seed by seed."""
     args = argparse.Namespace(calibration="cpu", measured=str(BENCH_JSON), steps=2, prompts=None,
-                              gpus=json.loads(BENCH_JSON.read_text())["nproc"], preset="h200", max_staleness=2, updates="ready", search_split=False, timeline=None,
-                              jobs=1)
+                              gpus=json.loads(BENCH_JSON.read_text())["nproc"], preset="h200", max_staleness=2,
+                              updates="ready", search_split=False, timeline=None, jobs=1)
     one = simulate_all(cal, ["cpu"], [0, 1], args)
     two = simulate_all(cal, ["cpu"], [0, 1], argparse.Namespace(**{**vars(args), "jobs": 2}))
     assert one == two and list(one[0]) == ["0", "1"]
