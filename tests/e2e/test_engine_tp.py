@@ -51,9 +51,10 @@ def test_a_killed_tp2_run_restarts_and_ends_as_if_never_killed(uninterrupted, tm
 
 
 def test_a_second_tp2_launch_starts_beside_a_running_one(tmp_path):
-    """Two launches on one host at once: each engine group's shared-memory segments are the launch's own."""
+    """Two launches on one host at once, each one slot of two ranks: each engine group's shared-memory
+    segments are the launch's own."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    cmd = lambda out: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",  # noqa: E731
+    cmd = lambda out: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",  # noqa: E731
                        str(ROOT / "pivot_train.py"), *map(str, SMALL), "--steps", "1", "--engine-tp", "2",
                        "--checkpoint-every", "0", "--out", str(out)]
     first = subprocess.Popen(cmd(tmp_path / "a"), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
