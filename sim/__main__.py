@@ -27,6 +27,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pipeline
@@ -136,6 +137,12 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
     return report
 
 
+def simulate_run(cal: dict, gpus: int, run: tuple) -> dict:
+    """`simulate` of one run, (group, seed, args): a module's function, which a process pool can send."""
+    group, seed, args = run
+    return simulate(cal, group, gpus, args, seed=seed)
+
+
 def simulate_all(cal: dict, groups: list[str], seeds: list[int], args):
     """Each group's report by seed (`simulate`), printed group by group in order as each is known. Every run
     draws from its own seed alone, so `args.jobs` processes side by side give the figures one gives."""
@@ -144,14 +151,11 @@ def simulate_all(cal: dict, groups: list[str], seeds: list[int], args):
             return argparse.Namespace(**{**vars(args), "timeline": str(Path(args.timeline) / f"seed{seed}")})
         return args
 
-    runs = [(group, seed) for group in groups for seed in seeds]
-    run_groups, run_seeds, n = [g for g, _ in runs], [s for _, s in runs], len(runs)
+    runs = [(group, seed, seed_args(seed)) for group in groups for seed in seeds]
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
-        # simulate(cal, group, gpus, args, changes, seed) for each run, its reports in the runs' order either way
-        reports = (pool.map if pool else map)(simulate, [cal] * n, run_groups, [args.gpus] * n,
-                                              map(seed_args, run_seeds), [None] * n, run_seeds)
+        reports = (pool.map if pool else map)(partial(simulate_run, cal, args.gpus), runs)  # in the runs' order
         out = {group: {} for group in groups}
-        for (group, seed), report in zip(runs, reports):
+        for (group, seed, _), report in zip(runs, reports):
             out[group][str(seed)] = report
             print_group(group, report, paper=args.calibration == "h200")
     return [out[group] for group in groups]
