@@ -777,10 +777,14 @@ class Simulation:
 
     def _touch(self, slot: Slot) -> None:
         """Brings the slot's engine to now: steps taken, sequences finished; it stops for the round when
-        it runs empty (cutting the round short where the round says so) or reaches its limit."""
+        it runs empty (cutting the round short where the round says so) or reaches its limit. A slot still
+        in an engine step (a prefill chunk it began as its shift ended) arrives only at that step's end,
+        as the loop's rank looks at the round's end between two engine steps (scheduler.py _work)."""
         self._advance(slot)
         self._complete(slot)
-        if slot.running and self._steps_before_halt(slot) == 0 and self.rules.step_on and not slot.arrived \
+        if slot.running and slot.t > self.now + 1e-9:
+            pass  # _retime schedules it at that step's end
+        elif slot.running and self._steps_before_halt(slot) == 0 and self.rules.step_on and not slot.arrived \
                 and self.round_end == math.inf:
             slot.arrived, slot.halt = True, math.inf  # steps on until every slot has arrived
             if self._all_arrived():  # the last to arrive ends the round
