@@ -10,10 +10,10 @@ import pytest
 import pipeline
 import planner
 from conftest import BENCH_JSON
-from roles import ENGINE_ROLES
+from roles import ENGINE_ROLES, Role
 from sim import calibration as C
 from sim.__main__ import simulate, simulate_all
-from sim.engine import RoundRules, Simulation, Step
+from sim.engine import Round, RoundRules, Simulation, Step
 from sim.split import best_split, node_unit
 
 
@@ -690,3 +690,27 @@ def test_train_slots_through_their_groups_end_an_early_round_as_an_engine_run_em
         sim.run(2)
     assert idled[True] and idled[False]
     assert sum(idled[True]) < 0.2 * sum(idled[False])
+
+
+def test_a_slot_that_joins_its_role_late_arrives_after_its_first_step_while_the_others_step_on():
+    """A timed round of 2 s on two slots, engine steps of 1 s: slot 0 rolls out a 30-token response; slot
+    1 joins the judge 3 s into the round (its shift) and takes in a critique's request of 4 tokens in one
+    prefill chunk, at a token a second. The loop's rank looks at the round's end only between two engine
+    steps (scheduler.py _work), so slot 1 arrives as that chunk ends, 7 s in, and slot 0, past its limit
+    at 2 s, steps on until then and stops after the step it began at 7 s: 8 steps of its response, and
+    slot 1 waits 1 s for that step. Were slot 1 to arrive as its chunk began, the round would end 3 s in
+    and slot 0 stop after 4 steps."""
+    model = StepModel()
+    model.prefill_per_s, model.prefill_chunk_tokens = {"rollout": math.inf, "judge": 1.0}, 4
+    workload = C.Workload(2, 1, 1, 30, 5, lambda rng, n: (np.array([30, 3]), np.array([5, 5])))
+    sim = Simulation(model, workload, 2, "pivot", config=planner.PlannerConfig())
+    sim.step = sim._new_step(0, version=0)
+    rollout, judge = sim.slots
+    rollout.running = [0]
+    judge.role, judge.running, judge.ready_at = Role.JUDGE, [1], 3.0
+    judge.prefill_s = sim._context(Role.JUDGE, [1]) / model.prefill_per_s[Role.JUDGE]
+    assert judge.prefill_s == 4
+    sim._round(Round(2.0, early=False))
+    assert sim.now == pytest.approx(8)
+    assert sim.step.gen[0] == 8
+    assert sim.slot_s["waiting"] == pytest.approx(1)
