@@ -2,6 +2,8 @@
 as calibrated and with one workload or cost figure changed at a time, side by side.
 
     python bench/sim_whatif.py [--preset h200|paper] [--gpus 128] [--model-group all] [--steps 2] [--json PATH]
+    python bench/sim_whatif.py --measured bench/results/placements-longtail.json --max-staleness 2
+
 
 For every case it prints pivot@K/colocated@0, pivot@K/disaggregated@K and pivot@K over its bound, the
 share of colocated's device-seconds spent idle (all that moving devices between roles can fill), the
@@ -12,10 +14,12 @@ figures are not calibrated: they ask what the ratios would be if the workload or
 Some cases change the loop's rounds instead (sim.engine.RoundRules), to rules pivot_train.py does not
 follow or does not follow by default (`step-locked`: --updates step): they ask what each of its rules is
 worth. `--preset paper` asks the same of the paper's setup
-(128 H20, K = 2; disaggregated's split sized to each role's work unless `--split search`).
+(128 H20, K = 2; disaggregated's split sized to each role's work unless `--split search`). `--measured`
+asks it of this machine instead: the costs bench/placements.py measured (its --json), on its ranks.
 """
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -81,6 +85,10 @@ CASES = {
     "step-locked": ("at K >= 2 each update waits for its step's slowest group, the pipeline K deep (pivot_train.py "
                     "--updates step), instead of ending a step with up to half of its groups still out, which train "
                     "an update later (--updates ready, the loop's default)", {}, {"updates": "step"}),
+    "rollout hold": ("pivot's rollout engines hold up to twice their room (--max-seqs): they step that many at "
+                     "once and start the others as those finish, as vLLM's scheduler queues what is beyond its "
+                     "max_num_seqs, so an engine does not run its batch down to empty while prompts wait at rank "
+                     "0 for the next round (the loop's take their room)", {}, {"rollout_hold": 2.0}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }
@@ -100,7 +108,7 @@ def case_calibration(base: dict, factors: dict) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=["h200", "paper"], default="h200")
-    p.add_argument("--gpus", type=int, default=128)
+    p.add_argument("--gpus", type=int, default=None, help="default 128; with --measured, the bench's ranks")
     p.add_argument("--model-group", default="all")
     p.add_argument("--max-staleness", type=int, default=None, metavar="K", help="default 0; paper: 2")
     p.add_argument("--split", choices=["share", "search"], default="share",
@@ -108,25 +116,31 @@ def main():
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--measured", help="this machine's costs instead of a preset's: bench/placements.py's --json output")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
+    if args.measured and args.preset == "paper":
+        raise SystemExit("--preset paper is the paper's H20 figures; --measured replays this machine's")
     base = preset(load(), args.preset)
     hardware = "h20" if args.preset == "paper" else "h200"
     k = (2 if args.preset == "paper" else 0) if args.max_staleness is None else args.max_staleness
-    groups = list(base["groups"]) if args.model_group == "all" else [args.model_group]
+    groups = ["cpu"] if args.measured else list(base["groups"]) if args.model_group == "all" else [args.model_group]
     cases = args.cases.split(",")
     for name in cases:
         if name not in CASES:
             raise SystemExit(f"--cases {name}: pick from {', '.join(CASES)}")
-    for group in groups:
+    for group in [] if args.measured else groups:
         if group not in base["groups"]:
             raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
-    sim_args = argparse.Namespace(calibration="h200", preset=args.preset, prompts=None, steps=args.steps,
+    if args.gpus is None:
+        args.gpus = json.loads(Path(args.measured).read_text())["nproc"] if args.measured else 128
+    sim_args = argparse.Namespace(calibration="cpu" if args.measured else "h200", measured=args.measured,
+                                  preset=args.preset, prompts=None, steps=args.steps,
                                   max_staleness=k, updates="ready", search_split=args.split == "search", timeline=None)
     report = {}
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
-    print(f"{args.gpus} devices, {args.preset} preset; paper: pivot@2/colocated@0 {clo}-{chi}, "
-          f"pivot@2/disaggregated@2 {dlo}-{dhi}")
+    where = "this machine" if args.measured else f"{args.preset} preset"
+    print(f"{args.gpus} devices, {where}; paper: pivot@2/colocated@0 {clo}-{chi}, pivot@2/disaggregated@2 {dlo}-{dhi}")
     print(f"{'group':<30}{'case':<18}{f'pivot@{k}/coloc@0':>17}{f'/disagg@{k}':>12}{f'/bound':>8}{'coloc idle':>11}"
           f"{'pivot waits':>12}  colocated's step: rollout / judge tail / train tail")
     for group in groups:
@@ -140,7 +154,8 @@ def main():
             split = " / ".join(f"{v / total:.0%}" for v in phases.values())
             waits = pivot["slot_seconds"]["waiting"] / sum(pivot["slot_seconds"].values())
             ratios = r[f"pivot{k}_over_colocated0"], r[f"pivot{k}_over_disaggregated{k}"], r[f"pivot{k}_over_bound"]
-            print(f"{group:<30}{name:<18}{ratios[0]:>16.2f}x{ratios[1]:>11.2f}x{ratios[2]:>7.2f}x"
+            disagg = "-" if ratios[1] is None else f"{ratios[1]:.2f}x"  # --measured without a split: none
+            print(f"{group:<30}{name:<18}{ratios[0]:>16.2f}x{disagg:>12}{ratios[2]:>7.2f}x"
                   f"{1 - coloc['busy_fraction']:>11.0%}{waits:>12.0%}  {split}", flush=True)
             report.setdefault(group, {})[name] = {
                 "asks": asks, f"pivot{k}_over_colocated0": ratios[0], f"pivot{k}_over_disaggregated{k}": ratios[1],
@@ -149,8 +164,8 @@ def main():
                 "pivot_busy_fraction": pivot["busy_fraction"], "pivot_waiting_fraction": waits,
                 "shifts": pivot["shifts"]}
     if args.json:
-        result_files.write(args.json, {"gpus": args.gpus, "preset": args.preset, "max_staleness": k,
-                                               "cases": report})
+        result_files.write(args.json, {"gpus": args.gpus, "preset": args.preset, "measured": args.measured,
+                                       "max_staleness": k, "cases": report})
 
 
 if __name__ == "__main__":

@@ -109,7 +109,10 @@ class RoundRules:
                           step u + K out to its end, and one step begins ahead of it; pipeline.py)
       carry_running       as a step ends, the engines go on with the next steps' sequences where they are,
                           renumbered in the next step's book (off, as the loop does: they export them, and
-                          the next step queues them first and prefills each again where it lands)"""
+                          the next step queues them first and prefills each again where it lands)
+      rollout_hold        pivot's rollout engines hold up to this many times their room (max_seqs), stepping
+                          their room at once and starting the others as those finish, as vLLM's scheduler
+                          queues what is beyond its max_num_seqs (1, as the loop does: their room)"""
     round_steps: int = book.ROUND_STEPS
     notice_s: float = book.NOTICE_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -125,6 +128,7 @@ class RoundRules:
     prefill_budget: bool = True
     deep_pipeline: bool = False
     carry_running: bool = False
+    rollout_hold: float = 1.0
     updates: str = "ready"
 
     def __post_init__(self):
@@ -531,6 +535,8 @@ class Simulation:
         in) from rank 0's fit of the role's engine steps and the critiques' mean length, given its sequences
         queued and running; the others', and pivot's without `RoundRules.intake`, the engine's room."""
         room = self.model.max_seqs[role]
+        if role == Role.ROLLOUT and self.placement == "pivot":
+            return int(room * self.rules.rollout_hold)
         if not self.rules.intake or self.placement != "pivot":
             return room
         step_s, per_seq_s = self.fits[role].fit()
@@ -833,8 +839,9 @@ class Simulation:
             if self.train_arrives_at is not None:
                 self._push(self.now + (self.train_left - self.train_arrives_at) * share, -4, self.train_version)
         for s in slots:
+            batch = self._batch(s)
             step_s = self.model.engine_sharing(s.role, busy) * self.model.engine_step_seconds(
-                s.role, len(s.running), self._context(s.role, s.running))
+                s.role, len(batch), self._context(s.role, batch))
             if s is not touched:
                 self._advance(s)  # whole steps at its old speed
             if s.step_s and s.t < self.now:  # the fraction of a step it is into carries over
@@ -843,7 +850,7 @@ class Simulation:
             if s.prefill_s and not s.stepped:
                 self._prefill(s, prefill_share)
             s.version += 1
-            left = int((self._target(s.role, s.running) - self._progress(s.role)[s.running]).min())
+            left = int((self._target(s.role, batch) - self._progress(s.role)[batch]).min())
             steps = min(left, self._steps_before_halt(s))
             self._push(max(self.now, s.t + steps * s.step_s), s.index, s.version)
 
@@ -911,11 +918,11 @@ class Simulation:
         end, so a slot touched often loses no fraction of a step."""
         if not slot.running or slot.stopped or not slot.step_s:
             return
-        progress = self._progress(slot.role)
-        left = int((self._target(slot.role, slot.running) - progress[slot.running]).min())
+        progress, batch = self._progress(slot.role), self._batch(slot)
+        left = int((self._target(slot.role, batch) - progress[batch]).min())
         steps = min(left, self._steps_before_halt(slot), max(0, int((self.now - slot.t) / slot.step_s + 1e-9)))
         if steps > 0:
-            progress[slot.running] += steps
+            progress[batch] += steps
             slot.t += steps * slot.step_s
             slot.stepped = True
             self.step.recent_steps.add(slot.step_s, steps)
@@ -925,6 +932,11 @@ class Simulation:
         if done:
             slot.running = [i for i in slot.running if i not in set(done)]
             slot.finished += done
+
+    def _batch(self, slot: Slot) -> list[int]:
+        """The sequences the slot's engine steps: its first `max_seqs` (vLLM's max_num_seqs); the others it
+        holds wait in its engine, in order, and start as those finish."""
+        return slot.running[:self.model.max_seqs[slot.role]]
 
     def _progress(self, role: str) -> np.ndarray:
         return self.step.gen if role == Role.ROLLOUT else self.step.cgen
@@ -945,7 +957,7 @@ class Simulation:
         """Pivot's moves before a round of `seconds`."""
         for s in self.slots:
             if s.role in ENGINE_ROLES and s.running and s.step_s:
-                self.fits[s.role].observe(len(s.running), s.step_s)
+                self.fits[s.role].observe(len(self._batch(s)), s.step_s)
         speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), max_seqs=self._capacity(role, seconds),
                                                         **dict(zip(("step_s", "per_seq_s"), fit.fit())))
                                          for role, fit in self.fits.items()})

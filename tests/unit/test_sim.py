@@ -3,6 +3,9 @@ import argparse
 import copy
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -714,3 +717,49 @@ def test_a_slot_that_joins_its_role_late_arrives_after_its_first_step_while_the_
     assert sim.now == pytest.approx(8)
     assert sim.step.gen[0] == 8
     assert sim.slot_s["waiting"] == pytest.approx(1)
+
+
+def test_rollout_engines_that_hold_twice_their_room_step_their_room_and_lose_nothing(monkeypatch):
+    """The `rollout hold` what-if (bench/sim_whatif.py): on this machine's measured costs, pivot's rollout
+    engine, alone in rollout beside a train rank at K = 2, holds more than its room (--max-seqs) but never
+    steps more than that many at once, and every sample is still generated, judged and trained once."""
+    measured = json.loads(BENCH_JSON.read_text())
+    model = C.CpuModel(C.load(), measured)
+    room, held, batches = model.max_seqs[Role.ROLLOUT], [], []
+    step_seconds = model.engine_step_seconds
+
+    def record(role, batch, context):
+        batches.append((role, batch))
+        return step_seconds(role, batch, context)
+
+    monkeypatch.setattr(model, "engine_step_seconds", record)
+    dispatch = Simulation._dispatch
+
+    def dispatched(sim, rnd):
+        dispatch(sim, rnd)
+        held.extend(len(s.running) for s in sim.slots if s.role == Role.ROLLOUT)
+
+    monkeypatch.setattr(Simulation, "_dispatch", dispatched)
+    config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
+    sim = Simulation(model, C.cpu_workload(measured), measured["nproc"], "pivot", config=config,
+                     rules=RoundRules(rollout_hold=2.0, round_steps=int(measured["round_steps"])), max_staleness=2)
+    result = sim.run(3, skip=1)
+    assert room < max(held) <= 2 * room
+    assert max(batch for role, batch in batches if role == Role.ROLLOUT) <= room
+    assert [index for _, index, _ in result.trained] == list(range(len(result.trained)))
+
+
+def test_the_what_ifs_run_on_what_the_bench_measured(tmp_path):
+    """bench/sim_whatif.py --measured: its cases on this machine's costs, on the bench's ranks."""
+    script, out = Path(__file__).resolve().parents[2] / "bench" / "sim_whatif.py", tmp_path / "whatif.json"
+    run = subprocess.run([sys.executable, str(script), "--measured", str(BENCH_JSON), "--max-staleness", "2",
+                          "--cases", "as calibrated,rollout hold", "--steps", "1", "--json", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    assert report["gpus"] == json.loads(BENCH_JSON.read_text())["nproc"]
+    assert set(report["cases"]["cpu"]) == {"as calibrated", "rollout hold"}
+    assert all(case["pivot2_over_colocated0"] > 0 for case in report["cases"]["cpu"].values())
+    wrong = subprocess.run([sys.executable, str(script), "--measured", str(BENCH_JSON), "--preset", "paper"],
+                           capture_output=True, text=True)
+    assert wrong.returncode != 0 and "--measured replays this machine's" in wrong.stderr
