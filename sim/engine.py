@@ -112,7 +112,10 @@ class RoundRules:
                           the next step queues them first and prefills each again where it lands)
       rollout_hold        pivot's rollout engines hold up to this many times their room (max_seqs), stepping
                           their room at once and starting the others as those finish, as vLLM's scheduler
-                          queues what is beyond its max_num_seqs (1, as the loop does: their room)"""
+                          queues what is beyond its max_num_seqs (1, as the loop does: their room)
+      publish_with_update at K > 0 an update the train slots make at a round's start is published at that
+                          start too, and the next step's samples join the queue then (off, as the loop does:
+                          at the next round's start, book.publish_due, once rank 0 has the update's report)"""
     round_steps: int = book.ROUND_STEPS
     notice_s: float = book.NOTICE_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -129,6 +132,7 @@ class RoundRules:
     deep_pipeline: bool = False
     carry_running: bool = False
     rollout_hold: float = 1.0
+    publish_with_update: bool = False
     updates: str = "ready"
 
     def __post_init__(self):
@@ -415,6 +419,8 @@ class Simulation:
                 self.rollout_end = self.now
             if step.done() or self.ready and step.may_end():
                 break
+            if self.rules.publish_with_update and self._update_due():  # made at this round's start, published with it
+                self.made = True
             if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()
             if self._update_due():

@@ -763,3 +763,32 @@ def test_the_what_ifs_run_on_what_the_bench_measured(tmp_path):
     wrong = subprocess.run([sys.executable, str(script), "--measured", str(BENCH_JSON), "--preset", "paper"],
                            capture_output=True, text=True)
     assert wrong.returncode != 0 and "--measured replays this machine's" in wrong.stderr
+
+
+@pytest.mark.parametrize("with_update", [False, True])
+def test_an_update_made_during_the_rollout_is_published_at_the_next_round_or_with_it(monkeypatch, with_update):
+    """On this machine's measured costs at K = 2, pivot's train slots make each update at a round's start
+    while the next step rolls out; the loop publishes it at the next round's start (book.publish_due), the
+    `publish with update` what-if at the same one. Every step is still trained once, in order."""
+    measured = json.loads(BENCH_JSON.read_text())
+    model = C.CpuModel(C.load(), measured)
+    made, published = {}, {}  # the round each update (by the step it trains) was made and published at
+    due, publish = Simulation._update_due, Simulation._publish
+
+    def update_due(sim):
+        answer = due(sim)
+        if answer:
+            made.setdefault(sim.update.index, sim.rounds)
+        return answer
+
+    monkeypatch.setattr(Simulation, "_update_due", update_due)
+    monkeypatch.setattr(Simulation, "_publish", lambda sim: (published.setdefault(sim.update.index, sim.rounds),
+                                                             publish(sim)))
+    config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
+    rules = RoundRules(publish_with_update=with_update, round_steps=int(measured["round_steps"]))
+    result = Simulation(model, C.cpu_workload(measured), measured["nproc"], "pivot", config=config, rules=rules,
+                        max_staleness=2).run(3, skip=1)
+    assert published and set(published) <= set(made)
+    later = [published[u] - made[u] for u in published]
+    assert all(gap == 0 for gap in later) if with_update else all(gap >= 1 for gap in later)
+    assert [index for _, index, _ in result.trained] == list(range(len(result.trained)))
