@@ -4,7 +4,6 @@ as calibrated and with one workload or cost figure changed at a time, side by si
     python bench/sim_whatif.py [--preset h200|paper] [--gpus 128] [--model-group all] [--steps 2] [--json PATH]
     python bench/sim_whatif.py --measured bench/results/placements-longtail.json --max-staleness 2
 
-
 For every case it prints pivot@K/colocated@0, pivot@K/disaggregated@K and pivot@K over its bound, the
 share of colocated's device-seconds spent idle (all that moving devices between roles can fill), the
 share of pivot's spent waiting for other devices with work in hand (a round held open, a collective
@@ -15,7 +14,8 @@ Some cases change the loop's rounds instead (sim.engine.RoundRules), to rules pi
 follow or does not follow by default (`step-locked`: --updates step): they ask what each of its rules is
 worth. `--preset paper` asks the same of the paper's setup
 (128 H20, K = 2; disaggregated's split sized to each role's work unless `--split search`). `--measured`
-asks it of this machine instead: the costs bench/placements.py measured (its --json), on its ranks.
+asks it of this machine instead: the costs bench/placements.py measured (its --json), on its ranks, for
+the cases that change the rounds alone (the others change a preset's figures, which it does not use).
 """
 import argparse
 import copy
@@ -132,6 +132,9 @@ def main():
     for name in cases:
         if name not in CASES:
             raise SystemExit(f"--cases {name}: pick from {', '.join(CASES)}")
+        if args.measured and CASES[name][1]:
+            raise SystemExit(f"--cases {name}: it changes the {args.preset} preset's figures, which --measured "
+                             f"does not use; pick cases that change the rounds alone")
     for group in [] if args.measured else groups:
         if group not in base["groups"]:
             raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")

@@ -964,7 +964,9 @@ class Simulation:
         for s in self.slots:
             if s.role in ENGINE_ROLES and s.running and s.step_s:
                 self.fits[s.role].observe(len(self._batch(s)), s.step_s)
-        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), max_seqs=self._capacity(role, seconds),
+        # An engine steps no more than its room at once, whatever it holds (RoundRules.rollout_hold)
+        room = {role: min(self._capacity(role, seconds), self.model.max_seqs[role]) for role in self.fits}
+        speeds = replace(self.speeds, **{role: replace(getattr(self.speeds, role), max_seqs=room[role],
                                                         **dict(zip(("step_s", "per_seq_s"), fit.fit())))
                                          for role, fit in self.fits.items()})
         ranks = [planner.Rank(s.role, int(self._context(s.role, s.running)) if s.role in ENGINE_ROLES else 0,

@@ -763,6 +763,9 @@ def test_the_what_ifs_run_on_what_the_bench_measured(tmp_path):
     wrong = subprocess.run([sys.executable, str(script), "--measured", str(BENCH_JSON), "--preset", "paper"],
                            capture_output=True, text=True)
     assert wrong.returncode != 0 and "--measured replays this machine's" in wrong.stderr
+    figures = subprocess.run([sys.executable, str(script), "--measured", str(BENCH_JSON), "--cases", "free shifts"],
+                             capture_output=True, text=True)
+    assert figures.returncode != 0 and "pick cases that change the rounds alone" in figures.stderr
 
 
 @pytest.mark.parametrize("with_update", [False, True])
