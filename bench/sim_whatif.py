@@ -147,7 +147,7 @@ def main():
     (clo, chi), (dlo, dhi) = PAPER["over_colocated"], PAPER["over_disaggregated"]
     where = "this machine" if args.measured else f"{args.preset} preset"
     print(f"{args.gpus} devices, {where}; paper: pivot@2/colocated@0 {clo}-{chi}, pivot@2/disaggregated@2 {dlo}-{dhi}")
-    print(f"{'group':<30}{'case':<18}{f'pivot@{k}/coloc@0':>17}{f'/disagg@{k}':>12}{f'/bound':>8}{'coloc idle':>11}"
+    print(f"{'group':<30}{'case':<22}{f'pivot@{k}/coloc@0':>17}{f'/disagg@{k}':>12}{f'/bound':>8}{'coloc idle':>11}"
           f"{'pivot waits':>12}  colocated's step: rollout / judge tail / train tail")
     for group in groups:
         for name in cases:
@@ -161,7 +161,7 @@ def main():
             waits = pivot["slot_seconds"]["waiting"] / sum(pivot["slot_seconds"].values())
             ratios = r[f"pivot{k}_over_colocated0"], r[f"pivot{k}_over_disaggregated{k}"], r[f"pivot{k}_over_bound"]
             disagg = "-" if ratios[1] is None else f"{ratios[1]:.2f}x"  # --measured without a split: none
-            print(f"{group:<30}{name:<18}{ratios[0]:>16.2f}x{disagg:>12}{ratios[2]:>7.2f}x"
+            print(f"{group:<30}{name:<22}{ratios[0]:>16.2f}x{disagg:>12}{ratios[2]:>7.2f}x"
                   f"{1 - coloc['busy_fraction']:>11.0%}{waits:>12.0%}  {split}", flush=True)
             report.setdefault(group, {})[name] = {
                 "asks": asks, f"pivot{k}_over_colocated0": ratios[0], f"pivot{k}_over_disaggregated{k}": ratios[1],
