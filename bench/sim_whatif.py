@@ -128,6 +128,9 @@ def main():
     hardware = "h20" if args.preset == "paper" else "h200"
     k = (2 if args.preset == "paper" else 0) if args.max_staleness is None else args.max_staleness
     groups = ["cpu"] if args.measured else list(base["groups"]) if args.model_group == "all" else [args.model_group]
+    for group in groups:
+        if not args.measured and group not in base["groups"]:
+            raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
     cases = args.cases.split(",")
     for name in cases:
         if name not in CASES:
@@ -135,9 +138,6 @@ def main():
         if args.measured and CASES[name][1]:
             raise SystemExit(f"--cases {name}: it changes the {args.preset} preset's figures, which --measured "
                              f"does not use; pick cases that change the rounds alone")
-    for group in [] if args.measured else groups:
-        if group not in base["groups"]:
-            raise SystemExit(f"--model-group {group}: the {args.preset} preset has {', '.join(base['groups'])} or all")
     if args.gpus is None:
         args.gpus = json.loads(Path(args.measured).read_text())["nproc"] if args.measured else 128
     sim_args = argparse.Namespace(calibration="cpu" if args.measured else "h200", measured=args.measured,

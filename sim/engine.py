@@ -423,7 +423,7 @@ class Simulation:
                 self.made = True
             if book.publish_due(self.made, self.published, self.ahead_index is not None):
                 self._publish()
-            if self._update_due():
+            if self._update_due():  # asked after publish_due, as the loop's _decide asks them
                 self.made = True
             roles, rnd = self._orders()
             self._migrate(roles)
@@ -794,9 +794,10 @@ class Simulation:
         as the loop's rank looks at the round's end between two engine steps (scheduler.py _work)."""
         self._advance(slot)
         self._complete(slot)
-        if slot.running and slot.t > self.now + 1e-9:
-            pass  # _retime schedules it at that step's end
-        elif slot.running and self._steps_before_halt(slot) == 0 and self.rules.step_on and not slot.arrived \
+        if slot.running and slot.t > self.now + 1e-9:  # still in a step: touched again at its end
+            self._retime(slot)
+            return
+        if slot.running and self._steps_before_halt(slot) == 0 and self.rules.step_on and not slot.arrived \
                 and self.round_end == math.inf:
             slot.arrived, slot.halt = True, math.inf  # steps on until every slot has arrived
             if self._all_arrived():  # the last to arrive ends the round

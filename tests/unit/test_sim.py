@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -719,20 +720,28 @@ def test_a_slot_that_joins_its_role_late_arrives_after_its_first_step_while_the_
     assert sim.slot_s["waiting"] == pytest.approx(1)
 
 
+def measured_pivot(rules: RoundRules) -> Simulation:
+    """Pivot at K = 2 on the costs tests/data/placements_cpu.json measured, at its ranks and --round-steps."""
+    measured = json.loads(BENCH_JSON.read_text())
+    model = C.CpuModel(C.load(), measured)
+    config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
+    return Simulation(model, C.cpu_workload(measured), measured["nproc"], "pivot", config=config,
+                      rules=replace(rules, round_steps=int(measured["round_steps"])), max_staleness=2)
+
+
 def test_rollout_engines_that_hold_twice_their_room_step_their_room_and_lose_nothing(monkeypatch):
     """The `rollout hold` what-if (bench/sim_whatif.py): on this machine's measured costs, pivot's rollout
     engine, alone in rollout beside a train rank at K = 2, holds more than its room (--max-seqs) but never
     steps more than that many at once, and every sample is still generated, judged and trained once."""
-    measured = json.loads(BENCH_JSON.read_text())
-    model = C.CpuModel(C.load(), measured)
-    room, held, batches = model.max_seqs[Role.ROLLOUT], [], []
-    step_seconds = model.engine_step_seconds
+    sim = measured_pivot(RoundRules(rollout_hold=2.0))
+    room, held, batches = sim.model.max_seqs[Role.ROLLOUT], [], []
+    step_seconds = sim.model.engine_step_seconds
 
     def record(role, batch, context):
         batches.append((role, batch))
         return step_seconds(role, batch, context)
 
-    monkeypatch.setattr(model, "engine_step_seconds", record)
+    monkeypatch.setattr(sim.model, "engine_step_seconds", record)
     dispatch = Simulation._dispatch
 
     def dispatched(sim, rnd):
@@ -740,9 +749,6 @@ def test_rollout_engines_that_hold_twice_their_room_step_their_room_and_lose_not
         held.extend(len(s.running) for s in sim.slots if s.role == Role.ROLLOUT)
 
     monkeypatch.setattr(Simulation, "_dispatch", dispatched)
-    config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
-    sim = Simulation(model, C.cpu_workload(measured), measured["nproc"], "pivot", config=config,
-                     rules=RoundRules(rollout_hold=2.0, round_steps=int(measured["round_steps"])), max_staleness=2)
     result = sim.run(3, skip=1)
     assert room < max(held) <= 2 * room
     assert max(batch for role, batch in batches if role == Role.ROLLOUT) <= room
@@ -773,8 +779,6 @@ def test_an_update_made_during_the_rollout_is_published_at_the_next_round_or_wit
     """On this machine's measured costs at K = 2, pivot's train slots make each update at a round's start
     while the next step rolls out; the loop publishes it at the next round's start (book.publish_due), the
     `publish with update` what-if at the same one. Every step is still trained once, in order."""
-    measured = json.loads(BENCH_JSON.read_text())
-    model = C.CpuModel(C.load(), measured)
     made, published = {}, {}  # the round each update (by the step it trains) was made and published at
     due, publish = Simulation._update_due, Simulation._publish
 
@@ -787,10 +791,7 @@ def test_an_update_made_during_the_rollout_is_published_at_the_next_round_or_wit
     monkeypatch.setattr(Simulation, "_update_due", update_due)
     monkeypatch.setattr(Simulation, "_publish", lambda sim: (published.setdefault(sim.update.index, sim.rounds),
                                                              publish(sim)))
-    config = planner.PlannerConfig(early_train=True, min_train_ranks=model.min_train_slots)
-    rules = RoundRules(publish_with_update=with_update, round_steps=int(measured["round_steps"]))
-    result = Simulation(model, C.cpu_workload(measured), measured["nproc"], "pivot", config=config, rules=rules,
-                        max_staleness=2).run(3, skip=1)
+    result = measured_pivot(RoundRules(publish_with_update=with_update)).run(3, skip=1)
     assert published and set(published) <= set(made)
     later = [published[u] - made[u] for u in published]
     assert all(gap == 0 for gap in later) if with_update else all(gap >= 1 for gap in later)
