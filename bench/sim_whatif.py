@@ -89,9 +89,6 @@ CASES = {
                      "once and start the others as those finish, as vLLM's scheduler queues what is beyond its "
                      "max_num_seqs, so an engine does not run its batch down to empty while prompts wait at rank "
                      "0 for the next round (the loop's take their room)", {}, {"rollout_hold": 2.0}),
-    "publish with update": ("at K > 0 an update made at a round's start is published at that start too, so the "
-                            "next step's rollout begins a round sooner (the loop: at the next round's start, once "
-                            "rank 0 has the update's report)", {}, {"publish_with_update": True}),
     "rounds short": ("rounds of 25 median engine steps and 20 exchanges, not also 10 of the longest recent steps "
                      "(a prefill chunk): the planner acts more often", {}, {"over_longest": 0}),
 }

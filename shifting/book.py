@@ -242,9 +242,12 @@ def next_step_roles(held: list[str], start: list[str], planned: bool, max_stalen
 
 
 def publish_due(made: bool, published: bool, ahead: bool) -> bool:
-    """Whether the update goes out now, at a round's start while the step goes on: made at an earlier
-    round's start (`update_due`), not published yet, and a next step to begin (`ahead`: `ahead_step` gave
-    one), whose prompts join the queue at once. Else it goes out at the step's end."""
+    """Whether the update goes out now, at a round's start while the step goes on: made at this round's
+    start or an earlier one (`update_due`; the train ranks make it, then every rank publishes it), not
+    published yet, and a next step to begin (`ahead`: `ahead_step` gave one), whose prompts join the
+    queue at once, so the rollout takes them in this round, not the next. Else it goes out at the step's
+    end. Publishing with the update costs the other ranks its optimizer step, which they wait for at the
+    publish; waiting a round for the update's report costs the rollout a round's prompts."""
     return made and not published and ahead
 
 

@@ -35,14 +35,14 @@ exactly G responses, each judged exactly once, with no generated token lost or r
 With --max-staleness K > 0 the groups the train ranks work through are not this step's but those of
 the step K earlier (`train_pool`: generated and judged already, all ready at the step's start), so
 training overlaps rollout and judging; without K they are this step's, as each is judged. Once the train
-ranks have trained every group of the pool they make the update at the next round's start, and at the
-round after it is published (every rank takes part): each rollout rank exports its sequences in flight,
-loads the new weights and adds them back (a migration to itself: they go on under the new version,
-re-prefilled), and the next step's prompts join the queue (`StepQueues.publish`), where a next step may
-begin (pivot_train.py passes its prompts). When to make, when to publish, and which step begins are
-rules of shifting/book.py (update_due, publish_due, ahead_step), which the simulator follows too. The step
-ends with its own last critique; the next step's work begun by then is carried into it (`carry`). Each
-request keeps the versions that sampled its tokens (`Request.versions`).
+ranks have trained every group of the pool they make the update at the next round's start, and every
+rank publishes it right after (the others wait for its optimizer step): each rollout rank exports its
+sequences in flight, loads the new weights and adds them back (a migration to itself: they go on under
+the new version, re-prefilled), and the next step's prompts join the queue (`StepQueues.publish`), where
+a next step may begin (pivot_train.py passes its prompts). When to make, when to publish, and which step
+begins are rules of shifting/book.py (update_due, publish_due, ahead_step), which the simulator follows
+too. The step ends with its own last critique; the next step's work begun by then is carried into it
+(`carry`). Each request keeps the versions that sampled its tokens (`Request.versions`).
 
 With --filter-groups (DAPO's dynamic sampling, arXiv:2503.14476, section 3.2) the step's `prompts` hold
 every prompt it may draw. The first --prompts-per-step are queued; each group judged whose rewards are all
@@ -311,7 +311,7 @@ class StepQueues:
         # steps skipped in a row before it, which the trainer continues.
         self.update: dict | None = None
         self.skipped_in_row = skipped_in_row
-        # The partial rollout: once the update is made, it is published at the next round's start; the
+        # The partial rollout: the update is published at the round's start at which it is made; the
         # rollout engines load it there and go on with their sequences under it (re-prefilled), and the
         # next step's prompts join the queue (sampled by the new weights, they are --max-staleness old at
         # their own update). What of that step is not done when this one is goes on in the next.
@@ -363,10 +363,11 @@ class StepQueues:
         assert self.ahead is not None, f"sample {i} is beyond step {self.step}'s"
         return self.ahead
 
-    def publish_due(self) -> bool:
-        """Whether to publish the update now, during the step (book.publish_due): it is made, not published
-        yet, and the step may run ahead (`ahead_prompts`)."""
-        return book.publish_due(self.update is not None, self.published, self.ahead_prompts is not None)
+    def publish_due(self, making: bool = False) -> bool:
+        """Whether to publish the update now, during the step (book.publish_due): it is made, or `making`
+        (the train ranks make it at this round's start, first), not published yet, and the step may run
+        ahead (`ahead_prompts`)."""
+        return book.publish_due(self.update is not None or making, self.published, self.ahead_prompts is not None)
 
     def publish(self) -> int:
         """The update goes out at this round's start: the version published, and the next step's prompts
@@ -527,8 +528,8 @@ class StepQueues:
     def update_due(self) -> bool:
         """Whether the train ranks can make the update now: its groups are an earlier step's (a train pool),
         every one of them is trained into their gradients (book.Book.through), and it is not made yet
-        (book.update_due). Its weights are published at the next round's start if the step may run ahead
-        (`publish_due`), else at its end."""
+        (book.update_due). Its weights are published right after, at the same round's start, if the step may
+        run ahead (`publish_due`), else at its end."""
         return book.update_due(self.early_train and bool(self.train_pool), self.update_book.through(),
                                self.update is not None)
 
@@ -833,8 +834,11 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, inta
         return [Orders(roles, error=f"step {queues.step}: {error}") for _ in roles]
     if queues.done():
         return _traced(queues, reports, [Orders(roles, done=True, carry=queues.ahead is not None) for _ in roles])
-    # The update made, its weights go out now, and the next step's prompts join the queue before the roles are decided.
-    publish = queues.publish() if queues.publish_due() else None
+    # The ranks that trained the update's groups make it at the round's start, before any of them moves; its
+    # weights go out then, and the next step's prompts join the queue before the roles are decided.
+    update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
+        if Role.TRAIN in roles and queues.update_due() else None
+    publish = queues.publish() if queues.publish_due(making=update is not None) else None
     start = time.perf_counter()
     new, rounds = next_roles(roles, queues, rng)
     queues.next_roles_s += time.perf_counter() - start
@@ -845,9 +849,6 @@ def _decide(reports, queues: StepQueues, next_roles, roles: list[str], rng, inta
     migrate = book.migrates([rep.role for rep in reports], [rep.in_flight for rep in reports], new)
     work = [[] for _ in new] if migrate else queues.dispatch(new, intake, in_flight, rounds.seconds)
     train = queues.hand_to_train() if queues.early_train and Role.TRAIN in new else []
-    # The ranks that trained the update's groups make it at the round's start, before any of them moves.
-    update = {**queues.early, "skipped_in_row": queues.skipped_in_row} \
-        if Role.TRAIN in roles and queues.update_due() else None
     orders = [Orders(new, work=work[r], train=train if new[r] == Role.TRAIN else [],
                      update=update if roles[r] == Role.TRAIN else None, publish=publish, rounds=rounds,
                      migrate=migrate) for r in range(len(new))]

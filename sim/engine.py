@@ -112,10 +112,7 @@ class RoundRules:
                           the next step queues them first and prefills each again where it lands)
       rollout_hold        pivot's rollout engines hold up to this many times their room (max_seqs), stepping
                           their room at once and starting the others as those finish, as vLLM's scheduler
-                          queues what is beyond its max_num_seqs (1, as the loop does: their room)
-      publish_with_update at K > 0 an update the train slots make at a round's start is published at that
-                          start too, and the next step's samples join the queue then (off, as the loop does:
-                          at the next round's start, book.publish_due, once rank 0 has the update's report)"""
+                          queues what is beyond its max_num_seqs (1, as the loop does: their room)"""
     round_steps: int = book.ROUND_STEPS
     notice_s: float = book.NOTICE_S
     first_engine_step_s: float = book.FIRST_ENGINE_STEP_S
@@ -132,7 +129,6 @@ class RoundRules:
     deep_pipeline: bool = False
     carry_running: bool = False
     rollout_hold: float = 1.0
-    publish_with_update: bool = False
     updates: str = "ready"
 
     def __post_init__(self):
@@ -419,12 +415,10 @@ class Simulation:
                 self.rollout_end = self.now
             if step.done() or self.ready and step.may_end():
                 break
-            if self.rules.publish_with_update and self._update_due():  # made at this round's start, published with it
-                self.made = True
-            if book.publish_due(self.made, self.published, self.ahead_index is not None):
+            making = self._update_due()  # made at this round's start, then published (scheduler._decide)
+            if book.publish_due(self.made or making, self.published, self.ahead_index is not None):
                 self._publish()
-            if self._update_due():  # asked after publish_due, as the loop's _decide asks them
-                self.made = True
+            self.made = self.made or making
             roles, rnd = self._orders()
             self._migrate(roles)
             self._apply(roles, grads=self._grads())
@@ -473,7 +467,7 @@ class Simulation:
         return book.update_due(early, trained, self.made)
 
     def _publish(self) -> None:
-        """The update made at the last round's start is published now, every slot taking part
+        """The update made at this round's start or an earlier one is published now, every slot taking part
         (StepQueues.publish); each rollout engine loads it and prefills its running sequences again under
         it (counted as engine time before it decodes on), and the next step's samples join the queue."""
         trainers = sum(s.role == Role.TRAIN for s in self.slots)

@@ -1,5 +1,5 @@
 """--max-staleness K > 0, the partial rollout as rank 0's StepQueues sees it, driven by hand: once the
-train ranks have made the update, it is published at the next round's start, the next step's prompts
+train ranks make the update, it is published at that round's start, the next step's prompts
 join the queue behind this step's, what of them finishes is kept apart from this step's samples, and as
 the step ends the rest (queued, and exported from the engines) is carried into the next step's queues."""
 from algorithm import Algorithm
@@ -41,6 +41,7 @@ def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_ove
     assert not queues.publish_due()  # nothing made yet
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)], 0.0)
     assert queues.update_due() and not queues.publish_due()
+    assert queues.publish_due(making=True)  # ordered with the update the train ranks make first
     queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
     assert queues.publish_due()
     assert queues.publish() == 2 and not queues.publish_due()  # once

@@ -774,11 +774,10 @@ def test_the_what_ifs_run_on_what_the_bench_measured(tmp_path):
     assert figures.returncode != 0 and "pick cases that change the rounds alone" in figures.stderr
 
 
-@pytest.mark.parametrize("with_update", [False, True])
-def test_an_update_made_during_the_rollout_is_published_at_the_next_round_or_with_it(monkeypatch, with_update):
+def test_an_update_made_during_the_rollout_is_published_at_the_round_it_is_made(monkeypatch):
     """On this machine's measured costs at K = 2, pivot's train slots make each update at a round's start
-    while the next step rolls out; the loop publishes it at the next round's start (book.publish_due), the
-    `publish with update` what-if at the same one. Every step is still trained once, in order."""
+    while the next step rolls out, and it is published at that start too (book.publish_due, as the loop's
+    _decide orders both). Every step is still trained once, in order."""
     made, published = {}, {}  # the round each update (by the step it trains) was made and published at
     due, publish = Simulation._update_due, Simulation._publish
 
@@ -791,8 +790,7 @@ def test_an_update_made_during_the_rollout_is_published_at_the_next_round_or_wit
     monkeypatch.setattr(Simulation, "_update_due", update_due)
     monkeypatch.setattr(Simulation, "_publish", lambda sim: (published.setdefault(sim.update.index, sim.rounds),
                                                              publish(sim)))
-    result = measured_pivot(RoundRules(publish_with_update=with_update)).run(3, skip=1)
+    result = measured_pivot(RoundRules()).run(3, skip=1)
     assert published and set(published) <= set(made)
-    later = [published[u] - made[u] for u in published]
-    assert all(gap == 0 for gap in later) if with_update else all(gap >= 1 for gap in later)
+    assert all(published[u] == made[u] for u in published)
     assert [index for _, index, _ in result.trained] == list(range(len(result.trained)))
