@@ -363,10 +363,10 @@ class StepQueues:
         assert self.ahead is not None, f"sample {i} is beyond step {self.step}'s"
         return self.ahead
 
-    def publish_due(self, making: bool = False) -> bool:
+    def publish_due(self, making: bool) -> bool:
         """Whether to publish the update now, during the step (book.publish_due): it is made, or `making`
-        (the train ranks make it at this round's start, first), not published yet, and the step may run
-        ahead (`ahead_prompts`)."""
+        (rank 0 orders the train ranks to make it at this round's start, first), not published yet, and the
+        step may run ahead (`ahead_prompts`)."""
         return book.publish_due(self.update is not None or making, self.published, self.ahead_prompts is not None)
 
     def publish(self) -> int:

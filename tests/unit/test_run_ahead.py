@@ -38,13 +38,13 @@ def finish(queues: StepQueues, request: Request, reward: float = 1.0) -> None:
 
 def test_the_update_made_the_next_step_begins_and_what_is_left_of_it_carries_over():
     queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1, ahead=AHEAD)
-    assert not queues.publish_due()  # nothing made yet
+    assert not queues.publish_due(making=False)  # nothing made yet
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)], 0.0)
-    assert queues.update_due() and not queues.publish_due()
+    assert queues.update_due() and not queues.publish_due(making=False)
     assert queues.publish_due(making=True)  # ordered with the update the train ranks make first
     queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
-    assert queues.publish_due()
-    assert queues.publish() == 2 and not queues.publish_due()  # once
+    assert queues.publish_due(making=False)
+    assert queues.publish() == 2 and not queues.publish_due(making=False)  # once
     assert [(r.step, r.key) for r in queues.queued("rollout")] == \
         [(3, (0, 0)), (3, (0, 1)), (3, (1, 0)), (3, (1, 1)), (4, (0, 0)), (4, (0, 1)), (4, (1, 0)), (4, (1, 1))]
     # the next step's first sample and its verdict go to its own queues, not this step's
@@ -77,7 +77,7 @@ def test_without_a_step_to_run_ahead_into_the_update_waits_for_the_step_end():
     queues = StepQueues(PROMPTS, step=3, sampling=SAMPLING, algo=Algorithm(), early_train=True, train_pool=POOL, version=1)
     queues.ingest([Report("train", trained={**NO_EARLY, "groups": [(0, 0), (0, 1)]}, train_s=0.1)], 0.0)
     queues.ingest([Report("train", update={"loss": 0.0})], 0.0)
-    assert queues.update is not None and not queues.publish_due()
+    assert queues.update is not None and not queues.publish_due(making=False)
     assert queues.carry([]) is None
 
 
