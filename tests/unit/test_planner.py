@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner import (ROLES, EngineSpeed, LengthEstimate, LinearFit, LoopPlanner, Move, PlannerConfig, Rank,
-                     Speeds, Work, apply_moves, finish_seconds, first_empty_seconds, parse_split, plan,
+                     Speeds, Work, _overflows, apply_moves, finish_seconds, first_empty_seconds, parse_split, plan,
                      step_work, update_seconds)
 from shifting import book
 
@@ -71,6 +71,19 @@ def test_migration_prefill_counts_as_cost():
     # every rollout rank holds sequences whose prefill alone costs more than the move could save
     dear = plan(ranks(*["rollout"] * 7, "judge", tokens=10 ** 9), TAIL, SPEEDS, costs(1.0))
     assert cheap and dear == []
+
+
+def test_no_move_leaves_rollout_more_sequences_than_its_ranks_run():
+    # TAIL's 30 sequences on 7 rollout ranks: with room for 64 each, six ranks go to the judge; with room
+    # for 8, the 30 need four ranks, so no more than three go (the rest would wait at rank 0 for rounds)
+    now = ranks(*["rollout"] * 7, "judge", tokens=100)
+    roomy = apply_moves([r.role for r in now], plan(now, TAIL, SPEEDS, costs(1.0)))
+    small = replace(SPEEDS, rollout=replace(SPEEDS.rollout, max_seqs=8))
+    tight = apply_moves([r.role for r in now], plan(now, TAIL, small, costs(1.0)))
+    assert roomy.count("rollout") == 1 and tight.count("rollout") == 4
+    # with prompts already waiting for rollout the queue is there either way: the rule does not apply
+    queued = replace(TAIL, rollout_prefill=300)
+    assert not _overflows(queued, 3, 8) and _overflows(TAIL, 3, 8)
 
 
 def test_the_cheapest_rank_to_migrate_moves_first():
