@@ -22,7 +22,8 @@ move (hysteresis against thrash; verl's separate_async switch likewise moves its
 2 consecutive idle or calm steps, verl docs/advance/v1_async_trainer.md); none leaves rollout with more
 sequences than its ranks run at once while no prompt waits, where the step waits for every sequence
 (`_overflows`). Two rules come first, cost or
-not: a role with work it can do now and no rank gets one; while responses wait for the judge and no prompt
+not: a role with work it can do now and no rank gets one (from rollout only where that leaves no such
+queue); while responses wait for the judge and no prompt
 waits for rollout, rollout ranks with nothing running join the judge (all of them once rollout has
 ended, before that as many as the waiting responses fill). At --max-staleness K > 0 the update's groups
 are an earlier step's, judged before the step starts, so training them is such work: the train role
@@ -112,7 +113,8 @@ def plan(ranks: list[Rank], work: Work, speeds: Speeds, costs: dict[tuple[str, s
     shift from a to b. Every role with work it can do now keeps or gets a rank, cost or not."""
     ranks, moves = list(ranks), []
     for role in _starved(ranks, work):
-        for move in _give_ranks(ranks, work, role, config.min_train_ranks if role == Role.TRAIN else 1):
+        for move in _give_ranks(ranks, work, role, config.min_train_ranks if role == Role.TRAIN else 1,
+                                speeds.rollout.max_seqs):
             moves.append(move)
             ranks[move.rank] = replace(ranks[move.rank], role=role, since_shift_s=0.0)
     waiting = _judge_waiting(work)
@@ -260,12 +262,14 @@ def _starved(ranks: list[Rank], work: Work) -> list[str]:
     return [role for role in (Role.ROLLOUT, Role.TRAIN, Role.JUDGE) if _has_work(role, work) and role not in held]
 
 
-def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int) -> list[Move]:
+def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int, rollout_room: int) -> list[Move]:
     """`n` ranks for a role that has none: from a role with nothing to do now if there is one, else from
     the role with the most ranks (keeping one); the ranks with the fewest tokens in flight, then the
     lowest indices. Where every role holding ranks has work and none can spare one, the judge and train
     get none: the judge's responses wait for the rollout ranks, which join it as rollout ends, and the
-    update's groups for every rank to train them at the step's end; rollout gets one from train."""
+    update's groups for every rank to train them at the step's end; rollout gets one from train. Rollout
+    cannot spare ranks whose sequences the rollout ranks left could not run at once (`_overflows`, with
+    engines of `rollout_room` sequences)."""
     counts = _counts(ranks)
 
     def by_load(roles) -> list[int]:
@@ -274,6 +278,9 @@ def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int) -> list[Move]:
     idle = [r for r in ROLES if counts[r] and not _has_work(r, work)]
     most = max((r for r in ROLES if counts[r] > 1), key=lambda r: counts[r], default=None)
     free = by_load(idle) if idle else by_load([most])[:counts[most] - 1] if most else []
+    if most == Role.ROLLOUT and not idle and any(ranks[i].in_flight_tokens for i in free[:n]) \
+            and _overflows(work, counts[Role.ROLLOUT] - n, rollout_room):
+        free = []
     if len(free) < n:
         if role != Role.ROLLOUT:
             return []
@@ -339,11 +346,12 @@ def _overflows(work: Work, rollout_ranks: int, max_seqs: int) -> bool:
     """Whether rollout's sequences, none of its prompts waiting, would no longer fit the engines of the
     `rollout_ranks` a move leaves. Those beyond the engines' room wait at rank 0 and are handed out only
     at a round's start, as others finish, where `engine_seconds` counts them started as soon as room
-    frees; a move that makes such a queue is not taken, cost or not. This machine's task
-    (bench/results/placements-task.json at 1250721, ranks of 64 sequences): in step 5 of each of the five
-    pivot@0 repeats the planner sent one of the two rollout ranks to the judge with 63-64 sequences in
-    flight on each, the migrated ones waited for rounds on the other, and the step took 0.12-0.31 s (10-26%)
-    longer than colocated@0's in four of the five. Where the step may end with groups still out
+    frees; no move makes such a queue, whether it pays in that model (`_net_gain`) or gives a role with
+    work its first rank (`_give_ranks`). This machine's task (bench/results/placements-task.json at
+    1250721, ranks of 64 sequences): in step 5 of each of the five pivot@0 repeats, 0.08 s in, a response
+    had finished and the judge had no rank, so one of the two rollout ranks went to it with 63-64
+    sequences in flight on each; the migrated ones waited for rounds on the other, and the step took
+    0.12-0.31 s (10-26%) longer than colocated@0's in four of the five. Where the step may end with groups still out
     (`work.spill`), a sequence that waits a round holds no update, and the rule is left out: with it the
     simulator's H200 preset at K = 2 moved by up to 6% a seed either way, its means by under 1%."""
     return not work.spill and not work.rollout_prefill and work.rollout_seqs > rollout_ranks * max_seqs

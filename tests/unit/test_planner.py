@@ -87,6 +87,18 @@ def test_no_move_leaves_rollout_more_sequences_than_its_ranks_run():
     assert not _overflows(replace(TAIL, rollout_prefill=300), 3, 8) and not _overflows(replace(TAIL, spill=True), 3, 8)
 
 
+def test_a_judge_without_a_rank_waits_where_rollout_cannot_spare_one():
+    # two rollout ranks of 64 sequences each, a first response to judge, no prompt waiting: the judge's
+    # first rank would leave 127 sequences on one engine of 64, so it waits for the rollout ranks
+    full = Work(rollout_seqs=127, rollout_tokens=127 * 20, rollout_longest=40, judge_seqs=1, judge_tokens=50,
+                judge_prefill=60, critique_tokens=50, judge_prompt_tokens=60, train_tokens=128 * 60)
+    now = ranks("rollout", "rollout", tokens=500)
+    assert plan(now, full, SPEEDS, costs(1e9)) == []
+    # once the rest fit on one engine, it gets one, cost or not
+    fewer = replace(full, rollout_seqs=60, rollout_tokens=60 * 20)
+    assert plan(now, fewer, SPEEDS, costs(1e9)) == [Move(0, "rollout", "judge")]
+
+
 def test_the_cheapest_rank_to_migrate_moves_first():
     now = [Rank("rollout", t) for t in (900, 100, 500, 700, 300, 800, 600)] + [Rank("judge")]
     moves = plan(now, TAIL, SPEEDS, costs(1.0))
