@@ -278,8 +278,7 @@ def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int, rollout_room: 
     idle = [r for r in ROLES if counts[r] and not _has_work(r, work)]
     most = max((r for r in ROLES if counts[r] > 1), key=lambda r: counts[r], default=None)
     free = by_load(idle) if idle else by_load([most])[:counts[most] - 1] if most else []
-    if most == Role.ROLLOUT and not idle and any(ranks[i].in_flight_tokens for i in free[:n]) \
-            and _overflows(work, counts[Role.ROLLOUT] - n, rollout_room):
+    if _overflows(work, [ranks[i] for i in free[:n]], counts[Role.ROLLOUT] - n, rollout_room):
         free = []
     if len(free) < n:
         if role != Role.ROLLOUT:
@@ -331,7 +330,7 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
     migrated = sum(ranks[i].in_flight_tokens for i in moving)
     if migrated and not after[src]:
         return -math.inf  # its sequences would have no rank left to resume on
-    if migrated and src == Role.ROLLOUT and _overflows(work, after[src], speeds.rollout.max_seqs):
+    if _overflows(work, [ranks[i] for i in moving], after[Role.ROLLOUT], speeds.rollout.max_seqs):
         return -math.inf
     prefill = 0.0
     if migrated:
@@ -342,9 +341,9 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
     return saved - (1 + config.margin) * (costs[(src, dst)] + prefill + regroup)
 
 
-def _overflows(work: Work, rollout_ranks: int, max_seqs: int) -> bool:
-    """Whether rollout's sequences, none of its prompts waiting, would no longer fit the engines of the
-    `rollout_ranks` a move leaves. Those beyond the engines' room wait at rank 0 and are handed out only
+def _overflows(work: Work, leaving: list[Rank], rollout_ranks: int, max_seqs: int) -> bool:
+    """Whether the ranks `leaving` take rollout sequences with them (rollout ranks with some in flight)
+    that, none of rollout's prompts waiting, would no longer fit the engines of the `rollout_ranks` left. Those beyond the engines' room wait at rank 0 and are handed out only
     at a round's start, as others finish, where `engine_seconds` counts them started as soon as room
     frees; no move makes such a queue, whether it pays in that model (`_net_gain`) or gives a role with
     work its first rank (`_give_ranks`). This machine's task (bench/results/placements-task.json at
@@ -354,7 +353,8 @@ def _overflows(work: Work, rollout_ranks: int, max_seqs: int) -> bool:
     0.12-0.31 s (10-26%) longer than colocated@0's in four of the five. Where the step may end with groups still out
     (`work.spill`), a sequence that waits a round holds no update, and the rule is left out: with it the
     simulator's H200 preset at K = 2 moved by up to 6% a seed either way, its means by under 1%."""
-    return not work.spill and not work.rollout_prefill and work.rollout_seqs > rollout_ranks * max_seqs
+    return (any(r.role == Role.ROLLOUT and r.in_flight_tokens for r in leaving) and not work.spill
+            and not work.rollout_prefill and work.rollout_seqs > rollout_ranks * max_seqs)
 
 
 def _working(ranks: list[Rank], work: Work) -> dict[str, int]:

@@ -83,8 +83,10 @@ def test_no_move_leaves_rollout_more_sequences_than_its_ranks_run():
     assert roomy.count("rollout") == 1 and tight.count("rollout") == 4
     # with prompts already waiting for rollout the queue is there either way, and where the step may end
     # with groups still out (ready-first) a sequence that waits holds no update: the rule does not apply
-    assert _overflows(TAIL, 3, 8)
-    assert not _overflows(replace(TAIL, rollout_prefill=300), 3, 8) and not _overflows(replace(TAIL, spill=True), 3, 8)
+    leaving = ranks("rollout", tokens=100)
+    assert _overflows(TAIL, leaving, 3, 8) and not _overflows(TAIL, ranks("rollout"), 3, 8)
+    assert not _overflows(replace(TAIL, rollout_prefill=300), leaving, 3, 8)
+    assert not _overflows(replace(TAIL, spill=True), leaving, 3, 8)
 
 
 def test_a_judge_without_a_rank_waits_where_rollout_cannot_spare_one():
@@ -336,7 +338,8 @@ def test_properties(work, held, cost, early):
     if work.rollout_seqs:
         assert "rollout" in roles
     if work.judge_seqs:  # ... unless its first rank would leave rollout more than its engines run
-        assert "judge" in roles or _overflows(work, roles.count("rollout") - 1, SPEEDS.rollout.max_seqs)
+        assert "judge" in roles or _overflows(work, [r for r in now if r.role == "rollout"], roles.count("rollout") - 1,
+                                              SPEEDS.rollout.max_seqs)
     if early and "train" in roles and any(m.dst == "train" for m in moves):
         assert roles.count("train") >= config.min_train_ranks
 
