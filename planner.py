@@ -27,8 +27,7 @@ queue); while responses wait for the judge and no prompt
 waits for rollout, rollout ranks with nothing running join the judge (all of them once rollout has
 ended, before that as many as the waiting responses fill). At --max-staleness K > 0 the update's groups
 are an earlier step's, judged before the step starts, so training them is such work: the train role
-holds a rank from the step's start until they are trained (an empty judge rank's, where no role can
-spare one), and the update made then is published during
+holds a rank from the step's start until they are trained, and the update made then is published during
 the step, which lets the next step's rollout fill this one's tails (shifting/book.py publish_due). Where
 the step may end with groups still out (--updates ready at K >= 2), its longest responses and critiques go
 on into the next step, so the model weighs the rollout's and the judge's bulk and the update's training
@@ -268,12 +267,9 @@ def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int, rollout_room: 
     the role with the most ranks (keeping one); the ranks with the fewest tokens in flight, then the
     lowest indices. Where every role holding ranks has work and none can spare one, the judge and train
     get none: the judge's responses wait for the rollout ranks, which join it as rollout ends, and the
-    update's groups for every rank to train them at the step's end; rollout gets one from train. But an
-    earlier step's update (`work.update_early`, K > 0) takes judge ranks with nothing running while a rank
-    rolls out: the judge's responses wait for it, as they do at K = 0, and the update made and published
-    during the step begins the next step's rollout (book.publish_due), where one made at the step's end
-    on every rank begins it only then. Rollout cannot spare ranks whose sequences the rollout ranks left
-    could not run at once (`_overflows`, with engines of `rollout_room` sequences)."""
+    update's groups for every rank to train them at the step's end; rollout gets one from train. Rollout
+    cannot spare ranks whose sequences the rollout ranks left could not run at once (`_overflows`, with
+    engines of `rollout_room` sequences)."""
     counts = _counts(ranks)
 
     def by_load(roles) -> list[int]:
@@ -284,8 +280,6 @@ def _give_ranks(ranks: list[Rank], work: Work, role: str, n: int, rollout_room: 
     free = by_load(idle) if idle else by_load([most])[:counts[most] - 1] if most else []
     if _overflows(work, [ranks[i] for i in free[:n]], counts[Role.ROLLOUT] - n, rollout_room):
         free = []
-    if len(free) < n and role == Role.TRAIN and work.update_early and counts[Role.ROLLOUT]:
-        free = [i for i in by_load([Role.JUDGE]) if not ranks[i].in_flight_tokens]
     if len(free) < n:
         if role != Role.ROLLOUT:
             return []

@@ -307,22 +307,6 @@ def test_an_earlier_steps_update_holds_a_train_rank_until_it_is_trained():
                 two) == []
 
 
-def test_an_earlier_steps_update_takes_an_empty_judge_rank_where_no_role_can_spare_one():
-    # Two ranks begin a K > 0 step in the judge and rollout (the roles the step before ended in), both
-    # empty: prompts wait for rollout, responses (the next step's, run ahead) for the judge, and the update's
-    # groups for train. Train takes the judge's rank; the responses wait for the rollout rank. A judge rank
-    # still writing critiques keeps them, and at K = 0 (no earlier step's update) nothing moves to train.
-    config = PlannerConfig(early_train=True)
-    work = Work(rollout_seqs=64, rollout_tokens=64 * 30, rollout_longest=96, rollout_prefill=64 * 20,
-                judge_seqs=64, judge_tokens=64 * 17, judge_longest=96, judge_prefill=64 * 60, critique_tokens=17,
-                judge_prompt_tokens=60, train_ready=8e3, train_tokens=8e3, update_early=True)
-    assert plan([Rank("judge"), Rank("rollout")], work, SPEEDS, costs(0.01), config) == [Move(0, "judge", "train")]
-    assert Move(0, "judge", "train") not in plan([Rank("judge", 500), Rank("rollout")], work, SPEEDS, costs(0.01),
-                                                 config)
-    assert all(m.dst != "train" for m in plan([Rank("judge"), Rank("rollout")], replace(work, update_early=False),
-                                               SPEEDS, costs(0.01), config))
-
-
 def test_train_ranks_are_credited_only_with_judged_groups():
     # One long critique holds the judge for minutes; one group is judged (1 s of training for one rank)
     # and the rest of the update is still to come. Train ranks would finish that group and wait: no
