@@ -114,6 +114,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
             write_timeline(Path(args.timeline) / group / label(placement, staleness), r.spans, slots)
         out[label(placement, staleness)] = {
             "placement": placement, "max_staleness": staleness, "samples_per_s": r.samples_per_s,
+            "trained_samples_per_s": r.trained_samples / r.seconds,
             "tokens_per_s": r.tokens / r.seconds, "step_s": r.step_seconds, "shifts": r.shifts,
             "mean_shift_s": r.shift_seconds, "rounds": r.rounds, "busy_fraction": r.busy_fraction,
             "phases_s": r.phases, "slot_seconds": r.slot_seconds, "bound_s": r.bound_s,
@@ -172,13 +173,14 @@ def write_timeline(folder: Path, spans: list[dict], slots: int) -> None:
 def print_group(group: str, r: dict, paper: bool) -> None:
     k = r["max_staleness"]
     print(f"\n{group} on {r['gpus']} devices, seed {r['seed']}, --updates {r['updates']}")
-    print(f"  {'placement@K':<17}{'samples/s':>10}{'tokens/s':>10}{'step s':>8}{'bound s':>9}{'/bound':>7}{'busy':>6}"
-          f"{'shifts':>8}{'mean shift s':>13}{'rounds/step':>12}  roles at start (devices)")
+    print(f"  {'placement@K':<17}{'samples/s':>10}{'trained/s':>10}{'tokens/s':>10}{'step s':>8}{'bound s':>9}"
+          f"{'/bound':>7}{'busy':>6}{'shifts':>8}{'mean shift s':>13}{'rounds/step':>12}  roles at start (devices)")
     for name, p in r["placements"].items():
         steps = len(p["step_s"])
-        print(f"  {name:<17}{p['samples_per_s']:>10.2f}{p['tokens_per_s']:>10.0f}{sum(p['step_s']) / steps:>8.1f}"
-              f"{p['bound_s'] / steps:>9.1f}{p['over_bound']:>7.2f}{p['busy_fraction']:>6.0%}{p['shifts']:>8}"
-              f"{p['mean_shift_s']:>13.2f}{p['rounds'] / steps:>12.0f}  {p['split']}")
+        print(f"  {name:<17}{p['samples_per_s']:>10.2f}{p['trained_samples_per_s']:>10.2f}{p['tokens_per_s']:>10.0f}"
+              f"{sum(p['step_s']) / steps:>8.1f}{p['bound_s'] / steps:>9.1f}{p['over_bound']:>7.2f}"
+              f"{p['busy_fraction']:>6.0%}{p['shifts']:>8}{p['mean_shift_s']:>13.2f}{p['rounds'] / steps:>12.0f}"
+              f"  {p['split']}")
     states = list(next(iter(r["placements"].values()))["slot_seconds"])
     print(f"  {'device-seconds':<17}" + "".join(f"{s:>13}" for s in states))
     for name, p in r["placements"].items():

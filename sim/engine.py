@@ -169,7 +169,8 @@ class Result:
     placement: str
     slots: int
     seconds: float
-    samples: int
+    samples: int  # a step's draw per timed update: the updates' pace (Simulation.run)
+    trained_samples: int  # those of the groups the timed updates trained (under --updates ready, more or fewer)
     tokens: int
     shifts: int
     shift_seconds: float
@@ -310,7 +311,7 @@ class Simulation:
         updates)."""
         k, pipe, deep = self.max_staleness, self.pipe, self.deep
         last = skip + steps + pipe
-        step_seconds, samples, tokens, critical, bound, work = [], 0, 0, 0.0, 0.0, 0.0
+        step_seconds, samples, trained_samples, tokens, critical, bound, work = [], 0, 0, 0, 0.0, 0.0, 0.0
         pending, trained, result = deque(), [], None
         self.carried, self.ahead_index = None, None  # the next step's work begun by the step before (Step.carry)
         self.begun = -1  # deep_pipeline: the last step begun
@@ -365,12 +366,16 @@ class Simulation:
             self.phases["train_tail"] += self.now - self.judge_end
             # A step's draw per update: under --updates ready an update trains between half a step's worth of
             # groups and one and a half (book.SPILL_SHARE), so over a few timed updates the groups spilled into
-            # or out of the window would count; throughput is the steps' draws at the updates' pace
+            # or out of the window would count; throughput is the steps' draws at the updates' pace. What
+            # the updates trained is kept beside it: a rule that changes how many groups the timed updates
+            # take moves the one and not the other
             drawn = self.workload.prompts * self.workload.group_size
             samples += drawn
+            trained_samples += int(update_step.trained.sum()) * update_step.group_size
             tokens += int(update_step.length.sum() * drawn / update_step.n)
             if update == skip + steps - 1:
-                result = Result(self.placement, len(self.slots), self.now - self.origin, samples, tokens,
+                result = Result(self.placement, len(self.slots), self.now - self.origin, samples, trained_samples,
+                                tokens,
                                 self.shifts, self.shift_seconds / max(self.shifts, 1), step_seconds,
                                 dict(self.split), dict(self.slot_s), dict(self.phases), critical, self.rounds,
                                 bound, work, trained, self.spans)

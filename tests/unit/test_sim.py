@@ -102,6 +102,8 @@ def test_ready_first_spills_a_tail_into_the_next_step_and_keeps_the_bound(cal, m
     assert all((s.gen == s.length).all() and (s.cgen == s.critique).all() and s.through() for s in trained)
     g = trained[0].group_size  # what a step kept of its own and carried into the next: all of its samples
     assert all(a.n - a.carried_in * g + b.carried_in * g == 8 * 16 for a, b in zip(trained, trained[1:]))
+    # Throughput counts a step's draw per timed update; what the three timed updates trained is kept beside it
+    assert result.samples == 3 * 8 * 16 and result.trained_samples == sum(step.n for step in trained[:3])
 
 
 @pytest.mark.parametrize("placement", ["disaggregated", "pivot"])
@@ -134,7 +136,7 @@ def test_every_sample_generated_judged_and_trained_once(cal, placement):
     assert (step.phase == 4).all() and step.generated == step.judged == step.n == 8 * 16
     assert step.through() and (step.tokens == step.prompt + step.length).all()
     assert (step.gen == step.length).all() and (step.cgen == step.critique).all()  # no token lost or repeated
-    assert result.samples == 2 * step.n and all(s > 0 for s in result.step_seconds)
+    assert result.samples == result.trained_samples == 2 * step.n and all(s > 0 for s in result.step_seconds)
     assert all(t >= now - 1e-9 for t, now in pushes)  # no event scheduled in the past
     assert result.rounds > 0
     if placement == "pivot":
@@ -523,7 +525,7 @@ def test_at_k2_every_step_trains_once_and_never_beyond_the_bound(cal, placement)
     assert [step for _, step, _ in result.trained] == [0, 1, 2, 3]  # update u trains step u, each once
     assert [version for _, _, version in result.trained] == [0, 0, 0, 1]  # steps 2 and 3 rolled out beside 0, 1
     assert all(0 <= u - version <= 2 for u, _, version in result.trained)
-    assert len(result.step_seconds) == 2 and result.samples == 2 * 8 * 16
+    assert len(result.step_seconds) == 2 and result.samples == result.trained_samples == 2 * 8 * 16
 
 
 def test_at_k2_the_split_trains_the_earlier_step_while_the_next_rolls_out(cal):
