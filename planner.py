@@ -326,12 +326,12 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
                      work)
     if 0 < after[Role.TRAIN] < config.min_train_ranks:  # a train group too small to hold the training state
         return -math.inf
-    saved = now - finish_seconds(work, after, speeds, costs, config.early_train)
     migrated = sum(ranks[i].in_flight_tokens for i in moving)
     if migrated and not after[src]:
         return -math.inf  # its sequences would have no rank left to resume on
     if _overflows(work, [ranks[i] for i in moving], after[Role.ROLLOUT], speeds.rollout.max_seqs):
         return -math.inf
+    saved = now - finish_seconds(work, after, speeds, costs, config.early_train)  # once the rules allow the move
     prefill = 0.0
     if migrated:
         speed = speeds.rollout if src == Role.ROLLOUT else speeds.judge
@@ -343,16 +343,17 @@ def _net_gain(ranks, moving, src, dst, work, counts, now, speeds, costs, config)
 
 def _overflows(work: Work, leaving: list[Rank], rollout_ranks: int, max_seqs: int) -> bool:
     """Whether the ranks `leaving` take rollout sequences with them (rollout ranks with some in flight)
-    that, none of rollout's prompts waiting, would no longer fit the engines of the `rollout_ranks` left. Those beyond the engines' room wait at rank 0 and are handed out only
-    at a round's start, as others finish, where `engine_seconds` counts them started as soon as room
-    frees; no move makes such a queue, whether it pays in that model (`_net_gain`) or gives a role with
-    work its first rank (`_give_ranks`). This machine's task (bench/results/placements-task.json at
-    1250721, ranks of 64 sequences): in step 5 of each of the five pivot@0 repeats, 0.08 s in, a response
-    had finished and the judge had no rank, so one of the two rollout ranks went to it with 63-64
-    sequences in flight on each; the migrated ones waited for rounds on the other, and the step took
-    0.12-0.31 s (10-26%) longer than colocated@0's in four of the five. Where the step may end with groups still out
-    (`work.spill`), a sequence that waits a round holds no update, and the rule is left out: with it the
-    simulator's H200 preset at K = 2 moved by up to 6% a seed either way, its means by under 1%."""
+    that, none of rollout's prompts waiting, would no longer fit the engines of the `rollout_ranks` left.
+    Those beyond the engines' room wait at rank 0 and are handed out only at a round's start, as others
+    finish, where `engine_seconds` counts them started as soon as room frees; no move makes such a queue,
+    whether it pays in that model (`_net_gain`) or gives a role with work its first rank (`_give_ranks`).
+    This machine's task (bench/results/placements-task.json at 1250721, ranks of 64 sequences): in step 5
+    of each of the five pivot@0 repeats, 0.08 s in, a response had finished and the judge had no rank, so
+    one of the two rollout ranks went to it with 63-64 sequences in flight on each; the migrated ones
+    waited for rounds on the other, and the step took 0.12-0.31 s (10-26%) longer than colocated@0's in
+    four of the five. Where the step may end with groups still out (`work.spill`), a sequence that waits a
+    round holds no update, and the rule is left out: with it the simulator's H200 preset at K = 2 moved by
+    up to 6% a seed either way, its means by under 1%."""
     return (any(r.role == Role.ROLLOUT and r.in_flight_tokens for r in leaving) and not work.spill
             and not work.rollout_prefill and work.rollout_seqs > rollout_ranks * max_seqs)
 

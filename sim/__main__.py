@@ -114,7 +114,7 @@ def simulate(cal: dict, group: str, gpus: int, args, changes: dict | None = None
             write_timeline(Path(args.timeline) / group / label(placement, staleness), r.spans, slots)
         out[label(placement, staleness)] = {
             "placement": placement, "max_staleness": staleness, "samples_per_s": r.samples_per_s,
-            "trained_samples_per_s": r.trained_samples / r.seconds,
+            "trained_samples_per_s": r.trained_samples_per_s,
             "tokens_per_s": r.tokens / r.seconds, "step_s": r.step_seconds, "shifts": r.shifts,
             "mean_shift_s": r.shift_seconds, "rounds": r.rounds, "busy_fraction": r.busy_fraction,
             "phases_s": r.phases, "slot_seconds": r.slot_seconds, "bound_s": r.bound_s,

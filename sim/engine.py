@@ -195,6 +195,10 @@ class Result:
     def samples_per_s(self) -> float:
         return self.samples / self.seconds
 
+    @property
+    def trained_samples_per_s(self) -> float:
+        return self.trained_samples / self.seconds
+
 
 class Step(book.Book):
     """One step's samples, in the scheduling book both the loop and the simulator keep (book.Book: phases,
@@ -375,8 +379,7 @@ class Simulation:
             tokens += int(update_step.length.sum() * drawn / update_step.n)
             if update == skip + steps - 1:
                 result = Result(self.placement, len(self.slots), self.now - self.origin, samples, trained_samples,
-                                tokens,
-                                self.shifts, self.shift_seconds / max(self.shifts, 1), step_seconds,
+                                tokens, self.shifts, self.shift_seconds / max(self.shifts, 1), step_seconds,
                                 dict(self.split), dict(self.slot_s), dict(self.phases), critical, self.rounds,
                                 bound, work, trained, self.spans)
         return result
