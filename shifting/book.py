@@ -339,7 +339,7 @@ class Book:
         assert self.phase[i] == ROLLING, f"sample {i} generated twice"
         self.phase[i], self.tokens[i] = RESPONDED, tokens
         self._own(i).generated += 1
-        self.queue[Role.JUDGE].append(i)
+        self._queue_critique(i)
 
     def judge(self, i: int) -> bool:
         """Sample i's verdict came in: whether it completes its group."""
@@ -354,7 +354,23 @@ class Book:
         """Sample i's critique is to be written again (--on-parse-failure retry): it queues for the judge anew."""
         assert self.phase[i] == JUDGING, f"sample {i} is not being judged"
         self.phase[i] = RESPONDED
-        self.queue[Role.JUDGE].append(i)
+        self._queue_critique(i)
+
+    def _queue_critique(self, i: int) -> None:
+        """Sample i's response joins the judge's queue behind the responses of its own step or an older one
+        and ahead of a younger step's: a group carried in is at the bound, and the step's rounds go on
+        until it is judged (`may_end`), so its critiques are written first. In the order responses
+        finished where no step was carried in or begun ahead (K = 0)."""
+        queue, tier = self.queue[Role.JUDGE], self._tier(i)
+        at = len(queue)
+        while at and self._tier(queue[at - 1]) > tier:
+            at -= 1
+        queue.insert(at, i)
+
+    def _tier(self, i: int) -> int:
+        """Sample i's place in the judge's queue: 0 carried in from the step before, 1 the step's own, 2
+        a step begun during it."""
+        return 0 if i < self.carried_in * self.group_size else 1 if i < self.n else 2
 
     def requeue(self, exported: list[int]) -> None:
         """Samples an engine exported (a shift, or the step's end) go back to the head of their queue, in

@@ -147,6 +147,28 @@ def test_exported_work_goes_first_in_the_order_it_was_exported():
     assert list(queue) == [3, 1, 2, 7, 8]
 
 
+def test_a_response_at_the_bound_is_judged_before_younger_steps_responses():
+    """--updates ready: a response of a group carried in from the step before (at the bound: it trains in
+    the next update or breaks it) queues for the judge ahead of the step's own, and the step's own ahead
+    of those of the step begun during it; within each, in the order they finished. Without a step carried
+    in or begun ahead the queue is in the order responses finished, as at K = 0."""
+    head, ahead = Book(8, 2), Book(4, 2)
+    head.carried_in = 1  # samples 0-1
+    head.extend(ahead)  # samples 8-11
+    head.dispatch("rollout", [0], 12)
+    for i in (9, 4, 0, 10, 5, 8, 1, 6, 2):
+        head.respond(i, 10.0)
+    assert list(head.queue["judge"]) == [0, 1, 4, 5, 6, 2, 9, 10, 8]
+    head.dispatch("judge", [0], 2)
+    head.retry(1)  # a critique to write again keeps its place among the carried-in
+    assert list(head.queue["judge"]) == [1, 4, 5, 6, 2, 9, 10, 8]
+    plain = Book(6, 2)
+    plain.dispatch("rollout", [0], 6)
+    for i in (5, 0, 3, 1):
+        plain.respond(i, 10.0)
+    assert list(plain.queue["judge"]) == [5, 0, 3, 1]
+
+
 def test_colocated_rolls_out_then_judges_and_stays_while_judging():
     assert colocated_role("rollout", rollout_left=True, judging=True) == "rollout"
     assert colocated_role("rollout", rollout_left=False, judging=True) == "judge"
