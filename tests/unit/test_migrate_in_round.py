@@ -38,6 +38,32 @@ def test_the_loop_hands_a_leaving_ranks_requests_out_in_the_round_it_leaves():
     assert not any(o.migrate for o in third)
 
 
+def test_the_judges_prefill_budget_counts_the_sequences_a_leaving_rollout_rank_hands_over():
+    """At K = 0 a judge engine prefills no more than it can before the rollout engines run empty
+    (book.prefill_budget), where what they run includes what a rank leaving rollout handed over: its
+    requests, requeued as it left, are shared among the rollout ranks before the judge's budget is set, as
+    the simulator's slots hold them (Simulation._until_empty)."""
+    asked = []
+
+    class Recorded(Room):
+        def budget(self, role, seconds, rollout_running):
+            asked.append((role, rollout_running))
+
+    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, algo=Algorithm(), ranks=2)
+    first = _decide([Report("rollout"), Report("rollout")], queues, to(["rollout"] * 2), ["rollout"] * 2, None,
+                    Room(4), 0.0)
+    left = [replace(r, generated=[5] * (3 + k)) for k, r in enumerate(first[0].work)]
+    reports = [Report("rollout", generated=[3, 4]), Report("rollout", generated=[1, 2])]
+    _decide(reports, queues, to(["judge", "rollout"]), ["rollout"] * 2, None, Room(4), 0.0)
+    queues.migrate([left, []], Recorded(4))
+    assert dict(asked)["judge"] == [[1, 2, 3, 4]]  # rank 1's own two, then rank 0's, with their tokens so far
+    # Work no rollout engine has room for waits in the queue: then no estimate.
+    asked.clear()
+    queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, algo=Algorithm(), ranks=2)
+    queues.dispatch(["judge", "rollout"], Recorded(1), [0, 0], 1.0)
+    assert dict(asked)["judge"] == []
+
+
 def test_the_simulator_runs_a_leaving_slots_sequences_in_the_round_it_leaves(monkeypatch):
     """Pivot on 8 slots: every sequence a shift exports runs on a slot of its role in the same round, unless
     the role's slots are full; with the rule off, none does."""
