@@ -55,6 +55,7 @@ is judged and informative, so none is trained and then left out.
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -91,7 +92,7 @@ class Room:
     def capacity(self, role: str, seqs: int, seconds: float | None) -> int:
         return self.seqs
 
-    def budget(self, role: str, seconds: float | None, rollout_running: list[list[int]]) -> None:
+    def budget(self, role: str, seconds: float | None, rollout_running: Callable[[], list[list[int]]]) -> None:
         return None
 
 
@@ -565,10 +566,10 @@ class StepQueues:
         each engine's `intake.capacity(role, seqs, seconds)` (the placement's, given the role's sequences
         queued and running, for a round of `seconds`: book.intake; book.Book.dispatch), in rank order from
         the queue's head; where `intake.budget(role, seconds, running)` gives a prefill budget for a round
-        of `seconds` (book.prefill_budget; `running`: what the rollout ranks run this round,
-        `rollout_running`) each engine keeps of its share the context tokens it prefills in the round.
-        Rollout's queue is shared first, so the judge's budget counts the sequences a rank leaving rollout
-        hands over."""
+        of `seconds` (book.prefill_budget; `running()`: what the rollout ranks run this round,
+        `rollout_running`, read only where a budget needs it) each engine keeps of its share the context
+        tokens it prefills in the round. Rollout's queue is shared first, so the judge's budget counts the
+        sequences a rank leaving rollout hands over."""
         work = [[] for _ in roles]
         self.capacity, self.budget = {}, {}
         context = lambda i: len(self.requests[i].prompt_ids) + len(self.requests[i].generated)  # noqa: E731
@@ -576,7 +577,7 @@ class StepQueues:
             ranks = [r for r, held in enumerate(roles) if held == role]
             held = [in_flight[r] for r in ranks]
             self.capacity[role] = intake.capacity(role, len(self.book.queue[role]) + sum(held), seconds)
-            self.budget[role] = intake.budget(role, seconds, self.rollout_running(roles, work))
+            self.budget[role] = intake.budget(role, seconds, lambda: self.rollout_running(roles, work))
             for rank, numbers in zip(ranks, self.book.dispatch(role, held, self.capacity[role], self.budget[role],
                                                                context)):
                 work[rank] = [self.requests[i] for i in numbers]

@@ -47,7 +47,7 @@ def test_the_judges_prefill_budget_counts_the_sequences_a_leaving_rollout_rank_h
 
     class Recorded(Room):
         def budget(self, role, seconds, rollout_running):
-            asked.append((role, rollout_running))
+            asked.append((role, rollout_running()))
 
     queues = StepQueues(PROMPTS, step=0, sampling=SAMPLING, algo=Algorithm(), ranks=2)
     first = _decide([Report("rollout"), Report("rollout")], queues, to(["rollout"] * 2), ["rollout"] * 2, None,
